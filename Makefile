@@ -1,0 +1,29 @@
+# The README's two commands: `make demo` runs the whole system here; `make test` runs the tests.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: venv test lint demo clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $@
+
+# Runs on SQLite by default; set DATABASE_URL=postgres://... to run on PostgreSQL.
+test: venv
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+demo: venv
+	$(PY) scripts/demo.py
+
+clean:
+	rm -rf $(VENV) var

@@ -1,0 +1,220 @@
+"""The shared data model. Master and shard use the same schema; on a shard, ids are the master's."""
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from common.constants import (
+    DEFAULT_PRIORITY,
+    OFFLINE_AFTER_INTERVALS,
+    FailureClass,
+    HostStatus,
+    HQEStatus,
+    JobStatus,
+)
+
+
+def _choices(values: tuple[str, ...]) -> list[tuple[str, str]]:
+    return [(v, v) for v in values]
+
+
+class Shard(models.Model):
+    hostname = models.CharField(max_length=255, unique=True)
+    created_on = models.DateTimeField(default=timezone.now)
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    client_version = models.CharField(max_length=64, blank=True, default="")
+    known_hosts_count = models.PositiveIntegerField(default=0)
+    known_jobs_count = models.PositiveIntegerField(default=0)
+    last_updates_count = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["hostname"]
+
+    def __str__(self) -> str:
+        return self.hostname
+
+    def is_online(self, now: "timezone.datetime | None" = None) -> bool:
+        if self.last_heartbeat is None:
+            return False
+        now = now or timezone.now()
+        limit = OFFLINE_AFTER_INTERVALS * settings.FLEETSHARD_HEARTBEAT_INTERVAL_S
+        return (now - self.last_heartbeat).total_seconds() <= limit
+
+    @property
+    def status(self) -> str:
+        return "online" if self.is_online() else "offline"
+
+
+class Label(models.Model):
+    name = models.CharField(max_length=255, unique=True)
+    shard = models.ForeignKey(Shard, null=True, blank=True, on_delete=models.SET_NULL, related_name="labels")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Host(models.Model):
+    hostname = models.CharField(max_length=255, unique=True)
+    labels = models.ManyToManyField(Label, blank=True, related_name="hosts")
+    attributes = models.JSONField(default=dict, blank=True)
+    locked = models.BooleanField(default=False)
+    lock_reason = models.CharField(max_length=1024, blank=True, default="")
+    status = models.CharField(max_length=32, choices=_choices(HostStatus.ALL), default=HostStatus.READY)
+    shard = models.ForeignKey(Shard, null=True, blank=True, on_delete=models.SET_NULL, related_name="hosts")
+    version = models.PositiveIntegerField(default=1)
+    # Shard-side only: the master no longer assigns this host; dropped once it is idle.
+    retired = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["hostname"]
+        indexes = [models.Index(fields=["shard", "id"], name="host_shard_idx")]
+
+    def __str__(self) -> str:
+        return self.hostname
+
+
+class Job(models.Model):
+    name = models.CharField(max_length=255)
+    owner = models.CharField(max_length=150)
+    priority = models.IntegerField(default=DEFAULT_PRIORITY)
+    command = models.TextField()
+    timeout_mins = models.PositiveIntegerField(default=1440)
+    max_runtime_mins = models.PositiveIntegerField(default=60)
+    dependency_labels = models.ManyToManyField(Label, blank=True, related_name="dependent_jobs")
+    keyvals = models.JSONField(default=dict, blank=True)
+    # No database constraint: a shard holds a job's parent id without holding the parent.
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children", db_constraint=False
+    )
+    aborted = models.BooleanField(default=False)
+    shard = models.ForeignKey(Shard, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs")
+    version = models.PositiveIntegerField(default=1)
+    created_on = models.DateTimeField(default=timezone.now)
+    # Derived from the HQEs; stored so lists and the heartbeat can filter on it.
+    status = models.CharField(max_length=32, choices=_choices(JobStatus.ALL), default=JobStatus.QUEUED)
+    # Shard-side: the parent's keyvals (the response's suite_keyvals), since the shard has no parent row.
+    suite_keyvals = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [
+            models.Index(fields=["shard", "status"], name="job_shard_status_idx"),
+            models.Index(fields=["status"], name="job_status_idx"),
+            models.Index(fields=["owner"], name="job_owner_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id}-{self.name}"
+
+
+class HostQueueEntry(models.Model):
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="hqes")
+    # No database constraint: a shard may hold a named-host HQE before the host itself arrives.
+    host = models.ForeignKey(
+        Host, null=True, blank=True, on_delete=models.SET_NULL, related_name="hqes", db_constraint=False
+    )
+    meta_host = models.ForeignKey(
+        Label, null=True, blank=True, on_delete=models.SET_NULL, related_name="meta_host_hqes"
+    )
+    status = models.CharField(max_length=32, choices=_choices(HQEStatus.ALL), default=HQEStatus.QUEUED)
+    failure = models.CharField(max_length=16, choices=_choices(FailureClass.ALL), blank=True, default="")
+    exit_code = models.IntegerField(null=True, blank=True)
+    started_on = models.DateTimeField(null=True, blank=True)
+    finished_on = models.DateTimeField(null=True, blank=True)
+    log_tail = models.TextField(blank=True, default="")
+    # Master: the highest outbox seq applied to this HQE (duplicates are at or below it).
+    last_seq = models.BigIntegerField(default=0)
+    # Shard-side execution bookkeeping.
+    results_dir = models.CharField(max_length=1024, blank=True, default="")
+    pid = models.IntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        verbose_name = "host queue entry"
+        verbose_name_plural = "host queue entries"
+        indexes = [
+            models.Index(fields=["status"], name="hqe_status_idx"),
+            models.Index(fields=["host", "status"], name="hqe_host_status_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"HQE {self.id} of job {self.job_id}"
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in HQEStatus.ACTIVE
+
+
+class Token(models.Model):
+    """An API credential: a person's (REST API) or a shard's (heartbeat). Only a digest is stored."""
+
+    digest = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=16, help_text="The first characters, to tell tokens apart.")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    shard = models.ForeignKey(Shard, null=True, blank=True, on_delete=models.CASCADE, related_name="tokens")
+    description = models.CharField(max_length=255, blank=True, default="")
+    created_on = models.DateTimeField(default=timezone.now)
+    last_used = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_on"]
+        constraints = [
+            models.CheckConstraint(
+                condition=(Q(user__isnull=False, shard__isnull=True) | Q(user__isnull=True, shard__isnull=False)),
+                name="token_for_user_xor_shard",
+            )
+        ]
+
+    def __str__(self) -> str:
+        owner = f"shard {self.shard}" if self.shard_id else f"user {self.user}"
+        return f"{self.prefix}… ({owner})"
+
+
+class OutboxEntry(models.Model):
+    """Shard-side: an HQE status change waiting for the master's ack."""
+
+    seq = models.BigIntegerField(unique=True)
+    hqe_id = models.BigIntegerField()
+    job_id = models.BigIntegerField(db_index=True)
+    payload = models.JSONField()
+    created_on = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["seq"]
+        verbose_name_plural = "outbox entries"
+
+    def __str__(self) -> str:
+        return f"update {self.seq} of HQE {self.hqe_id}"
+
+
+class DeadLetter(models.Model):
+    """Shard-side: an update the master rejected, kept for operators."""
+
+    seq = models.BigIntegerField()
+    hqe_id = models.BigIntegerField()
+    job_id = models.BigIntegerField()
+    payload = models.JSONField()
+    error = models.TextField()
+    created_on = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"rejected update {self.seq} of HQE {self.hqe_id}"
+
+
+class ShardState(models.Model):
+    """Shard-side singleton: the outbox counter, which must never reuse a seq even when empty."""
+
+    last_seq = models.BigIntegerField(default=0)
+    last_heartbeat_ok = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"shard state (last seq {self.last_seq})"

@@ -1,0 +1,133 @@
+"""One settings module for both roles, driven by the environment (see DESIGN.md, "Running it")."""
+
+import os
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+ROLE = os.environ.get("FLEETSHARD_ROLE", "master")
+if ROLE not in ("master", "shard"):
+    raise RuntimeError(f"FLEETSHARD_ROLE must be 'master' or 'shard', not {ROLE!r}")
+
+DATA_DIR = Path(os.environ.get("FLEETSHARD_DATA_DIR", "./var")).resolve()
+DATA_DIR.mkdir(parents=True, exist_ok=True)
+
+DEV_SECRET_KEY = "fleetshard-development-only-secret-key-do-not-use-in-production"
+SECRET_KEY = os.environ.get("SECRET_KEY", DEV_SECRET_KEY)
+DEBUG = os.environ.get("DEBUG", "").lower() in ("1", "true", "yes")
+ALLOWED_HOSTS = [h for h in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]").split(",") if h]
+
+DATABASE_URL = os.environ.get("DATABASE_URL") or f"sqlite:///{DATA_DIR / f'{ROLE}.sqlite3'}"
+DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Several threads and processes share one file: wait for the lock instead of failing,
+    # and take the write lock at BEGIN so two writers never deadlock on an upgrade.
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 30,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+    DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / f"test-{os.getpid()}.sqlite3")}
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "common",
+    "master",
+    "shard",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = f"{ROLE}.urls"
+WSGI_APPLICATION = "common.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "common" / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+AUTH_PASSWORD_VALIDATORS: list[dict[str, str]] = []
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+# Serve the admin's and the API docs' assets straight from the installed apps: no collectstatic step.
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = False
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# The heartbeat's body limit (DESIGN.md: 413 over 10 MiB).
+DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "master.auth.PersonalTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_FILTER_BACKENDS": [
+        "django_filters.rest_framework.DjangoFilterBackend",
+        "rest_framework.filters.OrderingFilter",
+    ],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 100,
+    "EXCEPTION_HANDLER": "master.api_errors.exception_handler",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "fleetshard API",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+
+# Protocol and scheduling knobs.
+FLEETSHARD_HEARTBEAT_INTERVAL_S = float(os.environ.get("FLEETSHARD_HEARTBEAT_INTERVAL_S", "10"))
+FLEETSHARD_MASTER_URL = os.environ.get("FLEETSHARD_MASTER_URL", "http://127.0.0.1:8000")
+FLEETSHARD_SHARD_HOSTNAME = os.environ.get("FLEETSHARD_SHARD_HOSTNAME", "")
+FLEETSHARD_SHARD_TOKEN = os.environ.get("FLEETSHARD_SHARD_TOKEN", "")
+FLEETSHARD_REQUEST_TIMEOUT_S = float(os.environ.get("FLEETSHARD_REQUEST_TIMEOUT_S", "30"))
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("FLEETSHARD_LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class MasterConfig(AppConfig):
+    name = "master"
+    verbose_name = "fleetshard master"

@@ -1,0 +1,53 @@
+"""Serves the master (or a shard's admin) with gunicorn, the production WSGI server."""
+
+import logging
+import sys
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandParser
+from gunicorn.app.base import BaseApplication
+
+from common.wsgi import application
+
+log = logging.getLogger("master.serve")
+
+
+class _Gunicorn(BaseApplication):
+    def __init__(self, options: dict[str, Any]) -> None:
+        self.options = options
+        super().__init__()
+
+    def load_config(self) -> None:
+        for key, value in self.options.items():
+            self.cfg.set(key, value)
+
+    def load(self) -> Any:
+        return application
+
+
+class Command(BaseCommand):
+    help = "Serve this process's role over HTTP with gunicorn."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--bind", default="127.0.0.1:8000", help="ADDRESS:PORT to listen on")
+        parser.add_argument("--workers", type=int, default=2)
+        parser.add_argument("--threads", type=int, default=4)
+        parser.add_argument("--timeout", type=int, default=60)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if settings.SECRET_KEY == settings.DEV_SECRET_KEY:
+            msg = "WARNING: SECRET_KEY is not set; using the development key. Never do this in production."
+            log.warning(msg)
+            print(msg, file=sys.stderr, flush=True)
+        _Gunicorn(
+            {
+                "bind": options["bind"],
+                "workers": options["workers"],
+                "threads": options["threads"],
+                "timeout": options["timeout"],
+                "accesslog": "-",
+                "errorlog": "-",
+                "loglevel": "info",
+            }
+        ).run()

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ShardConfig(AppConfig):
+    name = "shard"
+    verbose_name = "fleetshard shard"

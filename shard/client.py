@@ -1,0 +1,115 @@
+"""The shard's heartbeat client: send what the shard knows and has done, apply what the master answers."""
+
+import logging
+import random
+import threading
+from typing import Any
+
+import requests
+from django.conf import settings
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
+
+from common.constants import CLIENT_VERSION, MAX_UPDATES_PER_HEARTBEAT, PROTOCOL_VERSION
+from shard.ingest import IngestResult, apply_response, known_hosts, known_jobs
+from shard.outbox import pending
+
+log = logging.getLogger(__name__)
+
+MAX_BACKOFF_S = 60.0
+
+
+class HeartbeatFailed(Exception):
+    """This heartbeat did not go through; the next one repeats it."""
+
+
+class ProtocolRefused(HeartbeatFailed):
+    """The master does not speak this client's protocol: retrying cannot help."""
+
+
+def jittered(interval: float) -> float:
+    return interval * random.uniform(0.9, 1.1)
+
+
+def backoff(interval: float, failures: int) -> float:
+    return min(MAX_BACKOFF_S, max(interval, 1.0) * 2 ** min(failures, 16))
+
+
+class HeartbeatClient:
+    def __init__(self, master_url: str, shard_hostname: str, token: str, timeout_s: float | None = None) -> None:
+        if not master_url or not shard_hostname or not token:
+            raise ValueError("the master URL, the shard's hostname and its token are all required")
+        self.url = master_url.rstrip("/") + "/api/v1/heartbeat"
+        self.shard_hostname = shard_hostname
+        self.timeout = (5.0, timeout_s or settings.FLEETSHARD_REQUEST_TIMEOUT_S)
+        self.interval = settings.FLEETSHARD_HEARTBEAT_INTERVAL_S
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"Bearer {token}"
+        # Only failed connects are retried here: the request never reached the master. Anything
+        # else is retried by the loop, which is safe because the heartbeat is idempotent.
+        retry = Retry(total=2, connect=2, read=0, status=0, other=0, backoff_factor=0.2, allowed_methods=None)
+        self.session.mount("http://", HTTPAdapter(max_retries=retry))
+        self.session.mount("https://", HTTPAdapter(max_retries=retry))
+
+    def build_request(self) -> dict[str, Any]:
+        return {
+            "protocol": PROTOCOL_VERSION,
+            "shard": self.shard_hostname,
+            "client_version": CLIENT_VERSION,
+            "known_hosts": known_hosts(),
+            "known_jobs": known_jobs(),
+            "updates": pending(MAX_UPDATES_PER_HEARTBEAT),
+        }
+
+    def exchange(self, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            resp = self.session.post(self.url, json=body, timeout=self.timeout)
+        except requests.RequestException as exc:
+            raise HeartbeatFailed(f"cannot reach the master at {self.url}: {exc}") from exc
+        if resp.status_code == 409:
+            raise ProtocolRefused(f"the master refused protocol {PROTOCOL_VERSION}: {_error_of(resp)}")
+        if resp.status_code != 200:
+            raise HeartbeatFailed(f"the master answered {resp.status_code}: {_error_of(resp)}")
+        try:
+            data = resp.json()
+        except ValueError as exc:
+            raise HeartbeatFailed(f"the master's answer is not JSON: {exc}") from exc
+        if not isinstance(data, dict) or data.get("protocol") != PROTOCOL_VERSION:
+            raise HeartbeatFailed("the master's answer is not a protocol 1 heartbeat response")
+        return data
+
+    def tick(self) -> tuple[dict[str, Any], IngestResult]:
+        """One heartbeat: build, send, apply. Nothing is dropped locally unless the answer is applied."""
+        response = self.exchange(self.build_request())
+        try:
+            result = apply_response(response)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise HeartbeatFailed(f"cannot apply the master's answer: {exc!r}") from exc
+        self.interval = float(response.get("heartbeat_interval_s") or self.interval)
+        return response, result
+
+    def run(self, stop: threading.Event) -> None:
+        """Heartbeats until `stop` is set; raises ProtocolRefused, which no retry can fix."""
+        failures = 0
+        while not stop.is_set():
+            try:
+                response, result = self.tick()
+            except ProtocolRefused:
+                raise
+            except HeartbeatFailed as exc:
+                failures += 1
+                delay = backoff(self.interval, failures)
+                log.warning("heartbeat failed (%s); retrying in %.1f s", exc, delay)
+            else:
+                failures = 0
+                delay = 0.0 if response.get("more") else jittered(self.interval)
+                if result.jobs or result.hosts or result.removed_hosts or result.rejected:
+                    log.info("heartbeat: %s", result)
+            stop.wait(delay)
+
+
+def _error_of(resp: requests.Response) -> str:
+    try:
+        return str(resp.json().get("error") or resp.text[:200])
+    except ValueError:
+        return resp.text[:200]

@@ -1,0 +1,158 @@
+"""Applies a heartbeat response to the shard's database in one transaction.
+
+Only master-owned fields are written here; host status and HQE execution state stay the shard's.
+Applying the same response twice leaves the same database, so a crash before commit loses nothing.
+"""
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Q
+from django.utils.dateparse import parse_datetime
+
+from common.constants import HQEStatus
+from common.models import DeadLetter, Host, HostQueueEntry, Job, Label, OutboxEntry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    hosts: int
+    removed_hosts: int
+    jobs: int
+    accepted: int
+    rejected: int
+
+
+def _labels(names: set[str]) -> dict[str, Label]:
+    existing = {label.name: label for label in Label.objects.filter(name__in=names)}
+    for name in names - existing.keys():
+        existing[name] = Label.objects.create(name=name)
+    return existing
+
+
+def _apply_acks(acks: list[dict[str, Any]]) -> tuple[int, int]:
+    by_seq = {a["seq"]: a for a in acks}
+    entries = list(OutboxEntry.objects.filter(seq__in=by_seq))
+    rejected = [e for e in entries if by_seq[e.seq].get("result") != "accepted"]
+    for entry in rejected:
+        error = by_seq[entry.seq].get("error") or "rejected without a reason"
+        log.warning("master rejected update %s of HQE %s: %s", entry.seq, entry.hqe_id, error)
+    DeadLetter.objects.bulk_create(
+        DeadLetter(seq=e.seq, hqe_id=e.hqe_id, job_id=e.job_id, payload=e.payload, error=by_seq[e.seq].get("error", ""))
+        for e in rejected
+    )
+    OutboxEntry.objects.filter(id__in=[e.id for e in entries]).delete()
+    return len(entries) - len(rejected), len(rejected)
+
+
+def _remove_hosts(host_ids: list[int]) -> None:
+    """A removed host finishes its running job first: it is retired now and dropped once idle."""
+    Host.objects.filter(id__in=host_ids).update(retired=True)
+
+
+def drop_idle_retired_hosts() -> int:
+    busy = HostQueueEntry.objects.filter(status__in=HQEStatus.ACTIVE, host_id__isnull=False).values("host_id")
+    deleted, _ = Host.objects.filter(retired=True).exclude(id__in=busy).delete()
+    return deleted
+
+
+def _upsert_hosts(hosts: list[dict[str, Any]]) -> None:
+    labels = _labels({name for h in hosts for name in h["labels"]})
+    for data in hosts:
+        # A retired host may still hold the hostname that the master gave to a new host.
+        Host.objects.filter(hostname=data["hostname"], retired=True).exclude(id=data["id"]).update(
+            hostname=f"{data['hostname']}~retired"
+        )
+        host, _ = Host.objects.update_or_create(
+            id=data["id"],
+            defaults={
+                "hostname": data["hostname"],
+                "locked": data["locked"],
+                "lock_reason": data["lock_reason"],
+                "attributes": data["attributes"],
+                "version": data["version"],
+                "retired": False,
+            },
+        )
+        host.labels.set([labels[name] for name in data["labels"]])
+
+
+def _upsert_jobs(jobs: list[dict[str, Any]], suite_keyvals: dict[str, dict[str, str]]) -> list[int]:
+    """Returns the ids of aborted jobs, whose HQEs the caller cancels."""
+    labels = _labels(
+        {name for j in jobs for name in j["dependency_labels"]}
+        | {h["meta_host"] for j in jobs for h in j["hqes"] if h["meta_host"]}
+    )
+    for data in jobs:
+        created_on = parse_datetime(data["created_on"]) if data.get("created_on") else None
+        job, created = Job.objects.update_or_create(
+            id=data["id"],
+            defaults={
+                "name": data["name"],
+                "owner": data["owner"],
+                "priority": data["priority"],
+                "command": data["command"],
+                "timeout_mins": data["timeout_mins"],
+                "max_runtime_mins": data["max_runtime_mins"],
+                "keyvals": data["keyvals"],
+                "parent_id": data["parent_id"],
+                "suite_keyvals": suite_keyvals.get(str(data["parent_id"]), {}) if data["parent_id"] else {},
+                "aborted": data["aborted"],
+                "version": data["version"],
+                **({"created_on": created_on} if created_on else {}),
+            },
+        )
+        job.dependency_labels.set([labels[name] for name in data["dependency_labels"]])
+        if created:
+            HostQueueEntry.objects.bulk_create(
+                HostQueueEntry(
+                    id=h["id"],
+                    job=job,
+                    host_id=h["host_id"],
+                    meta_host=labels[h["meta_host"]] if h["meta_host"] else None,
+                )
+                for h in data["hqes"]
+            )
+    return [j["id"] for j in jobs if j["aborted"]]
+
+
+def cancel_unstarted_hqes(job_ids: list[int]) -> None:
+    """Aborted jobs: HQEs not yet running end Aborted here; running ones are the executor's to kill."""
+    from shard.services import transition_hqe
+
+    waiting = HostQueueEntry.objects.filter(job_id__in=job_ids, status=HQEStatus.QUEUED)
+    for hqe_id in waiting.values_list("id", flat=True):
+        transition_hqe(hqe_id, HQEStatus.ABORTED)
+
+
+@transaction.atomic
+def apply_response(response: dict[str, Any]) -> IngestResult:
+    accepted, rejected = _apply_acks(response.get("acks", []))
+    _remove_hosts(response.get("removed_host_ids", []))
+    _upsert_hosts(response.get("hosts", []))
+    aborted = _upsert_jobs(response.get("jobs", []), response.get("suite_keyvals", {}))
+    cancel_unstarted_hqes(aborted)
+    drop_idle_retired_hosts()
+    return IngestResult(
+        hosts=len(response.get("hosts", [])),
+        removed_hosts=len(response.get("removed_host_ids", [])),
+        jobs=len(response.get("jobs", [])),
+        accepted=accepted,
+        rejected=rejected,
+    )
+
+
+def known_jobs() -> list[dict[str, int]]:
+    """Jobs whose HQEs still run here or whose final updates the master has not acked yet."""
+    unfinished = Q(hqes__status__in=HQEStatus.ACTIVE) | Q(id__in=OutboxEntry.objects.values("job_id"))
+    rows = Job.objects.filter(unfinished).distinct().order_by("id").values_list("id", "version")
+    return [{"id": i, "version": v} for i, v in rows]
+
+
+def known_hosts() -> list[dict[str, Any]]:
+    rows = Host.objects.order_by("id").values_list("id", "version", "status")
+    return [{"id": i, "version": v, "status": s} for i, v, s in rows]

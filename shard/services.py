@@ -1,0 +1,65 @@
+"""The shard's HQE state changes. The scheduler, the executors and tests all go through here,
+so every change is saved and queued for the master in the same transaction."""
+
+from datetime import datetime
+
+from django.db import transaction
+from django.utils import timezone
+
+from common.constants import LOG_TAIL_BYTES, FailureClass, HQEStatus
+from common.errors import FleetshardError, NotFound
+from common.jobstatus import refresh_job_statuses
+from common.models import HostQueueEntry
+from shard.outbox import enqueue
+
+_ALLOWED = {
+    HQEStatus.QUEUED: {HQEStatus.STARTING, HQEStatus.RUNNING, *HQEStatus.TERMINAL},
+    HQEStatus.STARTING: {HQEStatus.RUNNING, *HQEStatus.TERMINAL},
+    HQEStatus.RUNNING: set(HQEStatus.TERMINAL),
+}
+
+
+@transaction.atomic
+def transition_hqe(
+    hqe_id: int,
+    status: str,
+    *,
+    host_id: int | None = None,
+    failure: str = "",
+    exit_code: int | None = None,
+    log_tail: str = "",
+    now: datetime | None = None,
+) -> HostQueueEntry:
+    """Moves an HQE to `status`; a terminal HQE never changes again."""
+    try:
+        hqe = HostQueueEntry.objects.select_for_update().get(id=hqe_id)
+    except HostQueueEntry.DoesNotExist:
+        raise NotFound(f"unknown HQE {hqe_id}") from None
+    if status not in _ALLOWED.get(hqe.status, set()):
+        raise FleetshardError(f"HQE {hqe_id} cannot go from {hqe.status} to {status}", field="status")
+    if (status == HQEStatus.FAILED) != bool(failure) or (failure and failure not in FailureClass.ALL):
+        raise FleetshardError(f"failure class {failure!r} does not fit status {status}", field="failure")
+    now = now or timezone.now()
+    hqe.status = status
+    if host_id is not None:
+        hqe.host_id = host_id
+    if status in (HQEStatus.STARTING, HQEStatus.RUNNING) and hqe.started_on is None:
+        hqe.started_on = now
+    if status in HQEStatus.TERMINAL:
+        hqe.finished_on = now
+        hqe.failure = failure
+        hqe.exit_code = exit_code
+        hqe.log_tail = log_tail[-LOG_TAIL_BYTES:]
+    hqe.save()
+    enqueue(hqe)
+    refresh_job_statuses([hqe.job_id])
+    return hqe
+
+
+def finish_hqe(
+    hqe_id: int, status: str, *, failure: str = "", exit_code: int | None = None, log_tail: str = ""
+) -> HostQueueEntry:
+    """Ends an HQE (Completed, Failed, Aborted or Expired)."""
+    if status not in HQEStatus.TERMINAL:
+        raise FleetshardError(f"{status} is not a terminal status", field="status")
+    return transition_hqe(hqe_id, status, failure=failure, exit_code=exit_code, log_tail=log_tail)

@@ -1,0 +1,219 @@
+"""Real processes on loopback for end-to-end tests: a master served by gunicorn, shards, shells."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import pytest
+import requests
+from django.conf import settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def using_postgres() -> bool:
+    return settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
+
+
+def fresh_database_url(tmp: Path, name: str) -> str:
+    """A new empty database of the kind the suite runs on: a PostgreSQL database or a SQLite file."""
+    if not using_postgres():
+        return f"sqlite:///{tmp / (name + '.sqlite3')}"
+    db = settings.DATABASES["default"]
+    dbname = f"fs_{name}_{uuid.uuid4().hex[:8]}"
+    conn = psycopg2.connect(
+        host=db["HOST"] or "127.0.0.1",
+        port=db["PORT"] or 5432,
+        user=db["USER"],
+        password=db["PASSWORD"],
+        dbname="postgres",
+    )
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute(f'CREATE DATABASE "{dbname}"')
+    conn.close()
+    auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
+    return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{dbname}"
+
+
+def drop_database(url: str) -> None:
+    if not url.startswith("postgres"):
+        return
+    db = settings.DATABASES["default"]
+    dbname = url.rsplit("/", 1)[1]
+    conn = psycopg2.connect(
+        host=db["HOST"] or "127.0.0.1",
+        port=db["PORT"] or 5432,
+        user=db["USER"],
+        password=db["PASSWORD"],
+        dbname="postgres",
+    )
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+    conn.close()
+
+
+@dataclass
+class Role:
+    """One role's environment: its database, data dir, and how to run manage.py in it."""
+
+    role: str
+    database_url: str
+    data_dir: Path
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def env(self, **more: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETSHARD_")}
+        env.update(
+            FLEETSHARD_ROLE=self.role,
+            DATABASE_URL=self.database_url,
+            FLEETSHARD_DATA_DIR=str(self.data_dir),
+            FLEETSHARD_HEARTBEAT_INTERVAL_S="0.5",
+            SECRET_KEY="e2e-test-secret",
+            PYTHONUNBUFFERED="1",
+        )
+        env.update(self.extra_env)
+        env.update(more)
+        return env
+
+    def manage(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(f"manage.py {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def shell(self, code: str) -> Any:
+        """Runs Python in this role's Django and returns what the code assigns to `result` (as JSON)."""
+        wrapped = code + "\nimport json as _j; print('@@RESULT@@' + _j.dumps(result, default=str))"
+        out = self.manage("shell", "-c", wrapped).stdout
+        return json.loads(out.rsplit("@@RESULT@@", 1)[1])
+
+    def start(self, *args: str, log_name: str) -> subprocess.Popen[bytes]:
+        log = open(self.data_dir / log_name, "wb")  # noqa: SIM115
+        return subprocess.Popen(
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env=self.env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def wait_until(predicate: Any, timeout: float = 30.0, interval: float = 0.2, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+def stop(proc: subprocess.Popen[bytes], timeout: float = 20) -> int:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait(5)
+    return proc.returncode
+
+
+@dataclass
+class Master:
+    role: Role
+    url: str
+    proc: subprocess.Popen[bytes]
+
+    def shell(self, code: str) -> Any:
+        return self.role.shell(code)
+
+
+@pytest.fixture(scope="session")
+def master_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Master]:
+    """A real master (`manage.py serve`, gunicorn) on its own fresh database, shared by a session's tests."""
+    data_dir = tmp_path_factory.mktemp("master")
+    url = fresh_database_url(data_dir, "master")
+    role = Role("master", url, data_dir)
+    role.manage("migrate", "--noinput")
+    port = free_port()
+    proc = role.start("serve", "--bind", f"127.0.0.1:{port}", "--workers", "2", log_name="master.log")
+    base = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError("the master exited:\n" + (data_dir / "master.log").read_text())
+        try:
+            return requests.get(base + "/admin/login/", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    wait_until(up, timeout=60, what="the master to serve")
+    yield Master(role, base, proc)
+    stop(proc)
+    drop_database(url)
+
+
+@dataclass
+class ShardProcess:
+    role: Role
+    hostname: str
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = self.role.start("run_shard", log_name=f"{self.hostname}.log")
+
+    def stop(self) -> int:
+        assert self.proc is not None
+        return stop(self.proc)
+
+    def log(self) -> str:
+        return (self.role.data_dir / f"{self.hostname}.log").read_text(errors="replace")
+
+    def shell(self, code: str) -> Any:
+        return self.role.shell(code)
+
+
+def make_shard_process(tmp: Path, master: Master, hostname: str, token: str, **extra_env: str) -> ShardProcess:
+    """A shard's own fresh database, migrated, and the environment to run `run_shard` against `master`."""
+    data_dir = tmp / hostname
+    data_dir.mkdir(parents=True, exist_ok=True)
+    role = Role(
+        "shard",
+        fresh_database_url(data_dir, hostname.replace(".", "_")),
+        data_dir,
+        {
+            "FLEETSHARD_MASTER_URL": master.url,
+            "FLEETSHARD_SHARD_HOSTNAME": hostname,
+            "FLEETSHARD_SHARD_TOKEN": token,
+            **extra_env,
+        },
+    )
+    role.manage("migrate", "--noinput")
+    return ShardProcess(role, hostname)
