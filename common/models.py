@@ -27,6 +27,9 @@ class Shard(models.Model):
     known_hosts_count = models.PositiveIntegerField(default=0)
     known_jobs_count = models.PositiveIntegerField(default=0)
     last_updates_count = models.PositiveIntegerField(default=0)
+    updates_applied = models.PositiveBigIntegerField(
+        default=0, help_text="Updates applied since the shard was created."
+    )
 
     class Meta:
         ordering = ["hostname"]

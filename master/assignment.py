@@ -37,35 +37,29 @@ def _describe(spec: HQESpec) -> str:
 
 def _shards_serving(spec: HQESpec, dependency_labels: list[Label]) -> set[int]:
     """Shards with at least one host that can run this HQE; raises naming what is missing where."""
-    dep_ids = {label.id for label in dependency_labels}
     if spec.host is not None:
-        hosts = [spec.host]
+        hosts = Host.objects.filter(id=spec.host.id)
     else:
-        hosts = list(Host.objects.filter(labels=spec.meta_host).prefetch_related("labels"))
-    if not hosts:
-        raise Refused(f"no shard can serve this job: no host has label {spec.meta_host.name}", field="meta_hosts")  # type: ignore[union-attr]
-    assigned = [h for h in hosts if h.shard_id is not None]
-    if not assigned:
+        hosts = Host.objects.filter(labels=spec.meta_host)
+        if not hosts.exists():
+            raise Refused(f"no shard can serve this job: no host has label {spec.meta_host.name}", field="meta_hosts")  # type: ignore[union-attr]
+    assigned = hosts.filter(shard__isnull=False)
+    serving = assigned
+    for label in dependency_labels:
+        serving = serving.filter(labels=label)
+    shard_ids = set(serving.values_list("shard_id", flat=True).distinct())
+    if shard_ids:
+        return shard_ids
+    shards = dict(assigned.values_list("shard_id", "shard__hostname").distinct())
+    if not shards:
         what = f"host {spec.host.hostname} is" if spec.host else f"no host with label {spec.meta_host.name} is"  # type: ignore[union-attr]
         raise Refused(f"no shard can serve this job: {what} assigned to a shard", field="hosts")
-    serving: set[int] = set()
-    missing_by_shard: dict[str, set[str]] = {}
-    for host in assigned:
-        host_label_ids = {label.id for label in host.labels.all()}
-        missing = dep_ids - host_label_ids
-        if not missing:
-            serving.add(host.shard_id)  # type: ignore[arg-type]
-        else:
-            names = {label.name for label in dependency_labels if label.id in missing}
-            shard_missing = missing_by_shard.setdefault(host.shard.hostname, names)  # type: ignore[union-attr]
-            shard_missing &= names
-    if not serving:
-        where = "; ".join(
-            f"on shard {shard}, no host for {_describe(spec)} has {', '.join(sorted(labels))}"
-            for shard, labels in sorted(missing_by_shard.items())
-        )
-        raise Refused(f"no shard can serve this job: {where}", field="dependency_labels")
-    return serving
+    reasons = []
+    for shard_id, hostname in sorted(shards.items(), key=lambda item: item[1]):
+        lacking = [d.name for d in dependency_labels if not assigned.filter(shard_id=shard_id, labels=d).exists()]
+        needs = ", ".join(lacking) if lacking else f"all of {', '.join(d.name for d in dependency_labels)}"
+        reasons.append(f"on shard {hostname}, no host for {_describe(spec)} has {needs}")
+    raise Refused(f"no shard can serve this job: {'; '.join(reasons)}", field="dependency_labels")
 
 
 def route_job(specs: list[HQESpec], dependency_labels: list[Label]) -> Shard:

@@ -89,7 +89,7 @@ def _apply_one(update: dict[str, Any], hqe: dict[str, Any] | None, shard: Shard,
     return True
 
 
-def _apply_updates(shard: Shard, updates: list[dict[str, Any]], host_ids: set[int]) -> list[dict[str, Any]]:
+def _apply_updates(shard: Shard, updates: list[dict[str, Any]], host_ids: set[int]) -> tuple[list[dict[str, Any]], int]:
     ids = {u["hqe"] for u in updates if isinstance(u.get("hqe"), int) and not isinstance(u.get("hqe"), bool)}
     hqes = {
         row["id"]: row
@@ -99,18 +99,19 @@ def _apply_updates(shard: Shard, updates: list[dict[str, Any]], host_ids: set[in
     }
     for row in hqes.values():
         row["host"] = row.pop("host_id")
-    acks, changed = [], set()
+    acks, changed, applied = [], set(), 0
     for update in updates:
         hqe = hqes.get(update.get("hqe"))  # type: ignore[arg-type]
         try:
             if _apply_one(update, hqe, shard, host_ids):
                 changed.add(hqe["id"])  # type: ignore[index]
+                applied += 1
             acks.append({"seq": update["seq"], "result": "accepted"})
         except UpdateRejected as exc:
             acks.append({"seq": update["seq"], "result": "rejected", "error": str(exc)})
     bulk_set(HostQueueEntry, [hqes[i] for i in changed], HQE_FIELDS)
     refresh_job_statuses({hqes[i]["job_id"] for i in changed})
-    return acks
+    return acks, applied
 
 
 def _host_wire(host: Host) -> dict[str, Any]:
@@ -164,7 +165,7 @@ def process_heartbeat(shard_id: int, req: HeartbeatRequest) -> dict[str, Any]:
         Host.objects.filter(id__in=[i for i in known_host_versions if i not in hosts]).values_list("id", flat=True)
     )
 
-    acks = _apply_updates(shard, req.updates, host_ids)
+    acks, applied = _apply_updates(shard, req.updates, host_ids)
 
     status_rows = [
         {"id": h.id, "status": h.status}
@@ -205,6 +206,7 @@ def process_heartbeat(shard_id: int, req: HeartbeatRequest) -> dict[str, Any]:
         known_hosts_count=len(req.known_hosts),
         known_jobs_count=len(req.known_jobs),
         last_updates_count=len(req.updates),
+        updates_applied=F("updates_applied") + applied,
     )
     return {
         "protocol": PROTOCOL_VERSION,
