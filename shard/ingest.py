@@ -13,7 +13,7 @@ from django.db.models import Q
 from django.utils.dateparse import parse_datetime
 
 from common.constants import HQEStatus
-from common.models import DeadLetter, Host, HostQueueEntry, Job, Label, OutboxEntry
+from common.models import DeadLetter, Host, HostQueueEntry, Job, Label, OutboxEntry, ShardState
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +131,9 @@ def cancel_unstarted_hqes(job_ids: list[int]) -> None:
 
 @transaction.atomic
 def apply_response(response: dict[str, Any]) -> IngestResult:
+    # One response at a time, even from two processes on one shard database.
+    ShardState.objects.get_or_create(id=1)
+    ShardState.objects.select_for_update().get(id=1)
     accepted, rejected = _apply_acks(response.get("acks", []))
     _remove_hosts(response.get("removed_host_ids", []))
     _upsert_hosts(response.get("hosts", []))

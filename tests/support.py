@@ -217,3 +217,23 @@ def make_shard_process(tmp: Path, master: Master, hostname: str, token: str, **e
     )
     role.manage("migrate", "--noinput")
     return ShardProcess(role, hostname)
+
+
+def make_world(master: Master, prefix: str, hosts: int = 2, jobs: int = 1, hqes_per_job: int = 1) -> dict[str, Any]:
+    """A shard owning one label, with hosts and queued jobs, created on the master through its services."""
+    return master.shell(
+        f"""
+from master import services
+label = "{prefix}:board"
+services.create_labels([label])
+shard, token = services.create_shard("{prefix}.lab", [label])
+hosts = services.create_hosts(["{prefix}-h%d" % i for i in range({hosts})], labels=[label])
+jobs = [
+    services.create_job(services.JobRequest(
+        name="{prefix}-j%d" % i, owner="ana", command="true", meta_hosts=[(label, {hqes_per_job})]))
+    for i in range({jobs})
+]
+result = {{"shard": shard.hostname, "shard_id": shard.id, "token": token, "label": label,
+          "hosts": [h.id for h in hosts], "jobs": [j.id for j in jobs]}}
+"""
+    )

@@ -1,0 +1,162 @@
+"""The shard's heartbeat client against a real master process: faults and races converge.
+
+The test database is the shard's; the master runs under gunicorn on its own database.
+"""
+
+import threading
+import uuid
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection
+
+from common.models import Host, HostQueueEntry, Job, OutboxEntry
+from shard import client as client_module
+from shard import ingest
+from shard.client import HeartbeatClient, HeartbeatFailed, ProtocolRefused, backoff, jittered
+from shard.services import finish_hqe, transition_hqe
+from tests.support import Master, free_port, make_world
+
+
+@pytest.fixture
+def world(master_server: Master) -> dict[str, Any]:
+    return make_world(master_server, f"c{uuid.uuid4().hex[:6]}", hosts=2, jobs=1, hqes_per_job=2)
+
+
+def client_for(master: Master, world: dict[str, Any]) -> HeartbeatClient:
+    return HeartbeatClient(master.url, world["shard"], world["token"])
+
+
+def master_state(master: Master, world: dict[str, Any]) -> dict[str, Any]:
+    return master.shell(
+        f"""
+from common.models import Job, Shard, HostQueueEntry
+shard = Shard.objects.get(id={world["shard_id"]})
+result = {{"applied": shard.updates_applied,
+          "jobs": dict(Job.objects.filter(id__in={world["jobs"]}).values_list("id", "status")),
+          "hqes": sorted(HostQueueEntry.objects.filter(job_id__in={world["jobs"]}).values_list("status", flat=True))}}
+"""
+    )
+
+
+def run_all_hqes_to_completion() -> None:
+    for hqe in HostQueueEntry.objects.order_by("id"):
+        transition_hqe(hqe.id, "Running", host_id=Host.objects.order_by("id").first().id)
+        finish_hqe(hqe.id, "Completed", exit_code=0)
+
+
+def test_backoff_doubles_and_is_capped_at_60_seconds():
+    assert [backoff(1, n) for n in (1, 2, 3)] == [2, 4, 8]
+    assert backoff(10, 30) == 60
+
+
+def test_jitter_stays_within_ten_percent():
+    values = [jittered(10) for _ in range(500)]
+    assert all(9 <= v <= 11 for v in values) and max(values) - min(values) > 0.5
+
+
+def test_first_heartbeat_brings_hosts_and_jobs(transactional_db, master_server, world):
+    client = client_for(master_server, world)
+    response, result = client.tick()
+    assert sorted(Host.objects.values_list("id", flat=True)) == sorted(world["hosts"])
+    assert list(Job.objects.values_list("id", flat=True)) == world["jobs"]
+    assert HostQueueEntry.objects.count() == 2 and result.jobs == 1
+    assert client.tick()[0]["jobs"] == []
+
+
+def test_lost_response_converges_with_nothing_lost_or_doubled(transactional_db, master_server, world):
+    client = client_for(master_server, world)
+    client.tick()
+    run_all_hqes_to_completion()
+    client.exchange(client.build_request())  # the master commits; the answer never arrives
+    assert OutboxEntry.objects.count() == 4
+    assert master_state(master_server, world)["applied"] == 4
+    client.tick()
+    assert not OutboxEntry.objects.exists()
+    state = master_state(master_server, world)
+    assert state == {"applied": 4, "jobs": {str(world["jobs"][0]): "Completed"}, "hqes": ["Completed"] * 2}
+    assert client.build_request()["known_jobs"] == []
+
+
+def test_crash_between_response_and_commit_converges(transactional_db, master_server, world, monkeypatch):
+    client = client_for(master_server, world)
+    client.tick()
+    run_all_hqes_to_completion()
+
+    def crash(job_ids: list[int]) -> None:
+        raise RuntimeError("shard process died mid-commit")
+
+    monkeypatch.setattr(ingest, "cancel_unstarted_hqes", crash)
+    with pytest.raises(RuntimeError, match="died mid-commit"):
+        client.tick()
+    assert OutboxEntry.objects.count() == 4, "nothing was dropped: the transaction rolled back"
+    monkeypatch.undo()
+    client.tick()
+    assert not OutboxEntry.objects.exists()
+    assert master_state(master_server, world)["applied"] == 4
+    assert Job.objects.count() == 1 and HostQueueEntry.objects.count() == 2
+
+
+@pytest.mark.postgres_only
+def test_concurrent_heartbeats_never_deliver_a_job_twice_nor_apply_an_update_twice(
+    transactional_db, master_server, world
+):
+    errors: list[BaseException] = []
+
+    def race() -> None:
+        barrier = threading.Barrier(2)
+
+        def tick() -> None:
+            try:
+                barrier.wait(10)
+                client_for(master_server, world).tick()
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+            finally:
+                connection.close()
+
+        threads = [threading.Thread(target=tick) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+
+    race()
+    assert not errors, errors
+    assert list(Job.objects.values_list("id", flat=True)) == world["jobs"]
+    assert HostQueueEntry.objects.count() == 2
+    run_all_hqes_to_completion()
+    race()
+    assert not errors, errors
+    assert not OutboxEntry.objects.exists()
+    state = master_state(master_server, world)
+    assert state["applied"] == 4, "each of the 4 updates was applied exactly once"
+    assert state["hqes"] == ["Completed", "Completed"]
+
+
+def test_master_down_is_a_clear_retryable_failure(transactional_db):
+    client = HeartbeatClient(f"http://127.0.0.1:{free_port()}", "lab", "fs_token")
+    with pytest.raises(HeartbeatFailed, match="cannot reach the master"):
+        client.tick()
+
+
+def test_wrong_protocol_stops_run_shard_with_a_clear_message(
+    transactional_db, master_server, world, monkeypatch, settings
+):
+    monkeypatch.setattr(client_module, "PROTOCOL_VERSION", 2)
+    with pytest.raises(ProtocolRefused, match="protocol 2 is not supported"):
+        client_for(master_server, world).tick()
+    settings.ROLE = "shard"
+    settings.FLEETSHARD_MASTER_URL = master_server.url
+    settings.FLEETSHARD_SHARD_HOSTNAME = world["shard"]
+    settings.FLEETSHARD_SHARD_TOKEN = world["token"]
+    with pytest.raises(CommandError, match="stopping: the master refused protocol 2"):
+        call_command("run_shard")
+
+
+def test_a_wrong_token_is_reported_and_retried(transactional_db, master_server, world):
+    client = HeartbeatClient(master_server.url, world["shard"], "fs_wrong")
+    with pytest.raises(HeartbeatFailed, match="401: unknown or revoked shard token"):
+        client.tick()

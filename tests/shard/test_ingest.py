@@ -1,0 +1,148 @@
+"""Applying a heartbeat response on the shard: master-owned fields only, idempotent, one transaction."""
+
+from typing import Any
+
+import pytest
+
+from common.models import DeadLetter, Host, HostQueueEntry, Job, OutboxEntry
+from shard.ingest import apply_response, known_hosts, known_jobs
+from shard.services import finish_hqe, transition_hqe
+
+
+def host_wire(id: int = 12, version: int = 1, **kw: Any) -> dict[str, Any]:
+    return {
+        "id": id,
+        "version": version,
+        "hostname": kw.pop("hostname", f"dut{id}"),
+        "labels": kw.pop("labels", ["board:pixel7"]),
+        "locked": kw.pop("locked", False),
+        "lock_reason": kw.pop("lock_reason", ""),
+        "attributes": kw.pop("attributes", {"serial": "X1"}),
+    }
+
+
+def job_wire(id: int = 100, version: int = 1, **kw: Any) -> dict[str, Any]:
+    return {
+        "id": id,
+        "version": version,
+        "name": "smoke",
+        "owner": "ana",
+        "priority": 40,
+        "command": "./run.sh",
+        "timeout_mins": 1440,
+        "max_runtime_mins": 60,
+        "dependency_labels": ["board:pixel7"],
+        "keyvals": {"build": "R120"},
+        "parent_id": kw.pop("parent_id", None),
+        "aborted": kw.pop("aborted", False),
+        "created_on": "2026-11-22T09:59:00Z",
+        "hqes": kw.pop("hqes", [{"id": id * 5, "host_id": None, "meta_host": "board:pixel7"}]),
+    }
+
+
+def response(**kw: Any) -> dict[str, Any]:
+    return {
+        "protocol": 1,
+        "hosts": kw.get("hosts", []),
+        "removed_host_ids": kw.get("removed_host_ids", []),
+        "jobs": kw.get("jobs", []),
+        "suite_keyvals": kw.get("suite_keyvals", {}),
+        "acks": kw.get("acks", []),
+        "more": False,
+        "heartbeat_interval_s": 10,
+    }
+
+
+def snapshot() -> tuple[Any, ...]:
+    return (
+        list(Host.objects.order_by("id").values()),
+        list(Job.objects.order_by("id").values()),
+        list(HostQueueEntry.objects.order_by("id").values()),
+        list(OutboxEntry.objects.values()),
+    )
+
+
+def test_response_creates_hosts_jobs_and_hqes_with_the_masters_ids(db):
+    resp = response(hosts=[host_wire()], jobs=[job_wire(parent_id=7)], suite_keyvals={"7": {"suite": "bvt"}})
+    apply_response(resp)
+    host = Host.objects.get(id=12)
+    assert (host.hostname, host.status, host.attributes) == ("dut12", "Ready", {"serial": "X1"})
+    assert [label.name for label in host.labels.all()] == ["board:pixel7"]
+    job = Job.objects.get(id=100)
+    assert (job.parent_id, job.suite_keyvals, job.keyvals) == (7, {"suite": "bvt"}, {"build": "R120"})
+    assert job.hqes.get().id == 500 and job.hqes.get().meta_host.name == "board:pixel7"
+    assert known_hosts() == [{"id": 12, "version": 1, "status": "Ready"}]
+    assert known_jobs() == [{"id": 100, "version": 1}]
+
+
+def test_applying_the_same_response_twice_changes_nothing_more(db):
+    resp = response(hosts=[host_wire()], jobs=[job_wire()])
+    apply_response(resp)
+    first = snapshot()
+    apply_response(resp)
+    assert snapshot() == first
+
+
+def test_new_host_config_keeps_the_shards_own_status(db):
+    apply_response(response(hosts=[host_wire()]))
+    Host.objects.filter(id=12).update(status="Repairing")
+    apply_response(response(hosts=[host_wire(version=2, locked=True, lock_reason="usb", labels=["board:x"])]))
+    host = Host.objects.get(id=12)
+    assert (host.locked, host.lock_reason, host.version, host.status) == (True, "usb", 2, "Repairing")
+    assert [label.name for label in host.labels.all()] == ["board:x"]
+
+
+def test_removed_idle_host_is_dropped(db):
+    apply_response(response(hosts=[host_wire(), host_wire(13)]))
+    apply_response(response(removed_host_ids=[13]))
+    assert list(Host.objects.values_list("id", flat=True)) == [12]
+
+
+def test_removed_busy_host_finishes_its_job_first(db):
+    apply_response(response(hosts=[host_wire()], jobs=[job_wire(hqes=[{"id": 500, "host_id": 12, "meta_host": None}])]))
+    transition_hqe(500, "Running", host_id=12)
+    apply_response(response(removed_host_ids=[12]))
+    assert Host.objects.get(id=12).retired
+    finish_hqe(500, "Completed", exit_code=0)
+    apply_response(response())
+    assert not Host.objects.filter(id=12).exists()
+    assert HostQueueEntry.objects.get(id=500).status == "Completed"
+
+
+def test_acks_drop_updates_and_rejected_ones_are_dead_lettered(db):
+    apply_response(response(jobs=[job_wire(), job_wire(101)]))
+    transition_hqe(500, "Running")
+    transition_hqe(505, "Running")
+    s1, s2 = OutboxEntry.objects.values_list("seq", flat=True)
+    apply_response(
+        response(acks=[{"seq": s1, "result": "accepted"}, {"seq": s2, "result": "rejected", "error": "nope"}])
+    )
+    assert not OutboxEntry.objects.exists()
+    letter = DeadLetter.objects.get()
+    assert (letter.seq, letter.hqe_id, letter.error) == (s2, 505, "nope")
+
+
+def test_aborted_job_cancels_its_queued_hqes_and_reports_them(db):
+    apply_response(response(jobs=[job_wire()]))
+    apply_response(response(jobs=[job_wire(version=2, aborted=True)]))
+    hqe = HostQueueEntry.objects.get(id=500)
+    assert hqe.status == "Aborted" and Job.objects.get(id=100).aborted
+    assert OutboxEntry.objects.get().payload["status"] == "Aborted"
+
+
+def test_known_jobs_keep_a_finished_job_until_its_final_update_is_acked(db):
+    apply_response(response(jobs=[job_wire()]))
+    finish_hqe(500, "Completed", exit_code=0)
+    assert known_jobs() == [{"id": 100, "version": 1}]
+    seq = OutboxEntry.objects.get().seq
+    apply_response(response(acks=[{"seq": seq, "result": "accepted"}]))
+    assert known_jobs() == []
+
+
+def test_a_broken_response_rolls_back_whole(db):
+    apply_response(response(hosts=[host_wire()]))
+    before = snapshot()
+    bad = response(hosts=[host_wire(13)], jobs=[{"id": 1}])
+    with pytest.raises(KeyError):
+        apply_response(bad)
+    assert snapshot() == before
