@@ -1,0 +1,53 @@
+"""The master's service commands: create_token and serve."""
+
+import subprocess
+import sys
+
+import pytest
+from django.core.management import call_command
+
+from common.models import Token
+from common.tokens import digest_of, find_token
+from tests.support import ROOT, Role, free_port, wait_until
+
+
+def test_create_token_creates_the_user_and_prints_a_token_once(db, capsys):
+    call_command("create_token", "ana", "--admin")
+    raw = capsys.readouterr().out.strip()
+    token = find_token(raw)
+    assert token is not None and token.user.username == "ana" and token.user.is_staff
+    stored = Token.objects.get()
+    assert stored.digest == digest_of(raw) and raw not in (stored.digest, stored.prefix)
+    call_command("create_token", "ana")
+    second = capsys.readouterr().out.strip()
+    assert second != raw and Token.objects.count() == 2
+
+
+def test_serve_warns_loudly_without_a_secret_key(tmp_path):
+    role = Role("master", f"sqlite:///{tmp_path / 'm.sqlite3'}", tmp_path)
+    role.manage("migrate", "--noinput")
+    env = role.env()
+    env.pop("SECRET_KEY")
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "serve", "--bind", f"127.0.0.1:{port}", "--workers", "1"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        line = wait_until(lambda: proc.stdout.readline(), timeout=30, what="serve's first line")  # type: ignore[union-attr]
+        assert "WARNING: SECRET_KEY is not set" in line
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+@pytest.mark.parametrize("role", ["master", "shard"])
+def test_debug_is_off_by_default(role, tmp_path):
+    result = Role(role, f"sqlite:///{tmp_path / 'x.sqlite3'}", tmp_path).shell(
+        "from django.conf import settings\nresult = [settings.DEBUG, settings.ROLE]"
+    )
+    assert result == [False, role]

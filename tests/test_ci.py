@@ -1,0 +1,32 @@
+"""CI's guard: the suite must fail, not skip, when PostgreSQL is unreachable."""
+
+import subprocess
+import sys
+
+from tests.support import ROOT, free_port
+
+
+def check(url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "scripts/check_postgres.py", url], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_unreachable_postgres_fails_with_the_address():
+    port = free_port()
+    result = check(f"postgres://postgres@127.0.0.1:{port}/fleetshard")
+    assert result.returncode == 1
+    assert f"PostgreSQL is unreachable at 127.0.0.1:{port}" in result.stderr
+
+
+def test_reachable_postgres_passes():
+    result = check("postgres://postgres@127.0.0.1:5432/fleetshard")
+    assert result.returncode == 0, result.stderr
+
+
+def test_ci_script_runs_the_readme_test_command_on_both_databases():
+    script = (ROOT / ".ci" / "run").read_text()
+    readme = (ROOT / "README.md").read_text()
+    assert "make test" in readme
+    assert 'DATABASE_URL="$PG_URL" make test' in script and "env -u DATABASE_URL make test" in script
+    assert "scripts/check_postgres.py" in script
