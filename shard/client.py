@@ -7,6 +7,7 @@ from typing import Any
 
 import requests
 from django.conf import settings
+from django.db import DatabaseError, close_old_connections
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
@@ -92,11 +93,13 @@ class HeartbeatClient:
         """Heartbeats until `stop` is set; raises ProtocolRefused, which no retry can fix."""
         failures = 0
         while not stop.is_set():
+            # A connection broken by a database restart is dropped here and reopened by the next query.
+            close_old_connections()
             try:
                 response, result = self.tick()
             except ProtocolRefused:
                 raise
-            except HeartbeatFailed as exc:
+            except (HeartbeatFailed, DatabaseError) as exc:
                 failures += 1
                 delay = backoff(self.interval, failures)
                 log.warning("heartbeat failed (%s); retrying in %.1f s", exc, delay)

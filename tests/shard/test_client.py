@@ -17,7 +17,7 @@ from shard import client as client_module
 from shard import ingest
 from shard.client import HeartbeatClient, HeartbeatFailed, ProtocolRefused, backoff, jittered
 from shard.services import finish_hqe, transition_hqe
-from tests.support import Master, free_port, make_world
+from tests.support import Master, free_port, make_world, wait_until
 
 
 @pytest.fixture
@@ -160,3 +160,41 @@ def test_a_wrong_token_is_reported_and_retried(transactional_db, master_server, 
     client = HeartbeatClient(master_server.url, world["shard"], "fs_wrong")
     with pytest.raises(HeartbeatFailed, match="401: unknown or revoked shard token"):
         client.tick()
+
+
+@pytest.mark.postgres_only
+def test_client_loop_survives_a_database_restart(transactional_db, master_server, world, settings):
+    """The shard's connection is killed (as a database restart would); the loop reconnects and goes on."""
+    settings.FLEETSHARD_HEARTBEAT_INTERVAL_S = 0.2
+    client = client_for(master_server, world)
+    stop = threading.Event()
+    pids: list[int] = []
+
+    def loop() -> None:
+        try:
+            client.run(stop)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=loop)
+    thread.start()
+    try:
+        wait_until(lambda: Job.objects.filter(id__in=world["jobs"]).exists(), what="the first job")
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            pids = [row[0] for row in cur.fetchall()]
+            for pid in pids:
+                cur.execute("SELECT pg_terminate_backend(%s)", [pid])
+        new_job = master_server.shell(
+            "from master import services\n"
+            f"job = services.create_job(services.JobRequest(name='after-restart', owner='ana', command='true',"
+            f" meta_hosts=[('{world['label']}', 1)]))\nresult = job.id"
+        )
+        wait_until(lambda: Job.objects.filter(id=new_job).exists(), timeout=60, what="a job after the restart")
+    finally:
+        stop.set()
+        thread.join(30)
+    assert pids, "the client's connection was open and got killed"
+    assert not thread.is_alive()
