@@ -10,7 +10,7 @@ from typing import Any
 
 from django.utils.dateparse import parse_datetime
 
-from common.constants import MAX_UPDATES_PER_HEARTBEAT, PROTOCOL_VERSION
+from common.constants import MAX_UPDATES_PER_HEARTBEAT, PROTOCOL_VERSION, HostStatus
 
 
 class WireError(Exception):
@@ -99,8 +99,8 @@ def parse_request(body: object) -> HeartbeatRequest:
     for i, item in enumerate(_objects(body, "known_hosts")):
         path = f"known_hosts[{i}]"
         status = item.get("status")
-        if not isinstance(status, str):
-            raise WireError(f"{path}.status", "expected a host status word")
+        if status not in HostStatus.ALL:
+            raise WireError(f"{path}.status", f"expected one of {', '.join(HostStatus.ALL)}, got {status!r}")
         known_hosts.append(KnownHost(_int(item, "id", path, minimum=1), _int(item, "version", path), status))
     known_jobs = [
         KnownJob(_int(item, "id", f"known_jobs[{i}]", minimum=1), _int(item, "version", f"known_jobs[{i}]"))

@@ -20,7 +20,6 @@ from common.constants import (
     MAX_JOBS_PER_RESPONSE,
     PROTOCOL_VERSION,
     FailureClass,
-    HostStatus,
     HQEStatus,
     JobStatus,
 )
@@ -168,9 +167,7 @@ def process_heartbeat(shard_id: int, req: HeartbeatRequest) -> dict[str, Any]:
     acks, applied = _apply_updates(shard, req.updates, host_ids)
 
     status_rows = [
-        {"id": h.id, "status": h.status}
-        for h in req.known_hosts
-        if h.id in hosts and h.status in HostStatus.ALL and hosts[h.id].status != h.status
+        {"id": h.id, "status": h.status} for h in req.known_hosts if h.id in hosts and hosts[h.id].status != h.status
     ]
     bulk_set(Host, status_rows, ["status"])
 

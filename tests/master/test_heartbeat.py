@@ -218,6 +218,9 @@ def _snapshot():
         ("wrong protocol", 409, "protocol 2 is not supported"),
         ("not json", 400, "not valid JSON"),
         ("bad field", 400, "known_hosts[0].version"),
+        ("bad host status", 400, "known_hosts[0].status: expected one of Ready"),
+        ("missing shard", 400, "shard: expected the shard's hostname"),
+        ("seqs not growing", 400, "updates[1].seq: seqs must grow"),
         ("too many updates", 400, "at most 1000 updates"),
         ("too big", 413, "larger than 10 MiB"),
     ],
@@ -239,6 +242,12 @@ def test_bad_heartbeat_is_refused_and_leaves_the_database_unchanged(fleet, heart
         body["protocol"] = 2
     elif case == "bad field":
         body["known_hosts"] = [{"id": 1, "version": "one", "status": "Ready"}]
+    elif case == "bad host status":
+        body["known_hosts"] = [{"id": 1, "version": 1, "status": "Sleeping"}]
+    elif case == "missing shard":
+        del body["shard"]
+    elif case == "seqs not growing":
+        body["updates"] = [update(2, hqe, "Running"), update(2, hqe, "Completed")]
     elif case == "too many updates":
         body["updates"] = [update(i, hqe, "Running") for i in range(1, 1002)]
     elif case == "too big":
