@@ -10,7 +10,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from common.constants import PRIORITY_NAMES, HostStatus
+from common.constants import PRIORITY_NAMES, FailureClass, HostStatus
 from common.models import Host, HostQueueEntry, Job, Label, Shard
 
 INT32_MAX = 2**31 - 1
@@ -65,7 +65,18 @@ class CreatedShardSerializer(ShardSerializer):
         read_only_fields = fields
 
 
+class _FailureField(serializers.ChoiceField):
+    """The failure class, or null while there is none (the model stores "")."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(choices=FailureClass.ALL, allow_null=True, read_only=True, **kwargs)
+
+    def to_representation(self, value: str) -> str | None:
+        return value or None
+
+
 class HQESerializer(serializers.ModelSerializer):
+    failure = _FailureField(help_text="Why a Failed entry failed: test (non-zero exit), timeout or infra.")
     host = serializers.SlugRelatedField(slug_field="hostname", read_only=True, allow_null=True)
     meta_host = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
 
