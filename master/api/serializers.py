@@ -17,9 +17,10 @@ INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 
 
-def _no_nul(value: str) -> str:
-    if "\x00" in value:
-        raise serializers.ValidationError("NUL characters are not allowed")
+def _storable(value: str) -> str:
+    """Refuses what DRF's CharField refuses but DictField keys and free-form fields do not check."""
+    if "\x00" in value or any(0xD800 <= ord(c) <= 0xDFFF for c in value):
+        raise serializers.ValidationError("NUL and surrogate characters are not allowed")
     return value
 
 
@@ -126,9 +127,7 @@ class ErrorSerializer(serializers.Serializer):
 
 
 def _names(help_text: str) -> serializers.ListField:
-    return serializers.ListField(
-        child=serializers.CharField(max_length=255, validators=[_no_nul]), min_length=1, help_text=help_text
-    )
+    return serializers.ListField(child=serializers.CharField(max_length=255), min_length=1, help_text=help_text)
 
 
 class _StringMap(serializers.DictField):
@@ -140,8 +139,9 @@ class _StringMap(serializers.DictField):
     def to_internal_value(self, data: Any) -> dict[str, str]:
         value = super().to_internal_value(data)
         for key in value:
-            if not key or "\x00" in key or len(key) > 255:
-                raise serializers.ValidationError(f"invalid key {key!r}: use 1-255 characters, no NUL")
+            if not key or len(key) > 255:
+                raise serializers.ValidationError(f"invalid key {key!r}: use 1-255 characters")
+            _storable(key)
         return value
 
 
@@ -155,9 +155,7 @@ class HostsOfLabelSerializer(serializers.Serializer):
 
 class HostCreateSerializer(serializers.Serializer):
     hostnames = _names("Hostnames to create, all with the same labels and attributes.")
-    labels = serializers.ListField(
-        child=serializers.CharField(max_length=255, validators=[_no_nul]), required=False, default=list
-    )
+    labels = serializers.ListField(child=serializers.CharField(max_length=255), required=False, default=list)
     attributes = _StringMap(required=False, default=dict)
     locked = serializers.BooleanField(required=False, default=False)
     lock_reason = serializers.CharField(max_length=1024, required=False, default="", allow_blank=True)
@@ -172,10 +170,8 @@ class HostLockSerializer(HostnamesSerializer):
 
 
 class ShardCreateSerializer(serializers.Serializer):
-    hostname = serializers.CharField(max_length=255, validators=[_no_nul])
-    labels = serializers.ListField(
-        child=serializers.CharField(max_length=255, validators=[_no_nul]), required=False, default=list
-    )
+    hostname = serializers.CharField(max_length=255)
+    labels = serializers.ListField(child=serializers.CharField(max_length=255), required=False, default=list)
 
 
 class ShardLabelsSerializer(serializers.Serializer):
@@ -183,7 +179,7 @@ class ShardLabelsSerializer(serializers.Serializer):
 
 
 class ShardLabelSerializer(serializers.Serializer):
-    label = serializers.CharField(max_length=255, validators=[_no_nul])
+    label = serializers.CharField(max_length=255)
 
 
 class ShardHostnamesSerializer(serializers.Serializer):
@@ -207,7 +203,10 @@ class PriorityField(serializers.Field):
         if isinstance(data, int) and abs(data) > INT32_MAX:
             raise serializers.ValidationError(f"must be between {-INT32_MAX} and {INT32_MAX}")
         if isinstance(data, str):
-            _no_nul(data)
+            _storable(data)
+            text = data.strip()
+            if text.lstrip("+-").isdigit() and abs(int(text)) > INT32_MAX:
+                raise serializers.ValidationError(f"must be between {-INT32_MAX} and {INT32_MAX}")
         return data
 
     def to_representation(self, value: Any) -> Any:
@@ -215,20 +214,16 @@ class PriorityField(serializers.Field):
 
 
 class JobCreateSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=255, validators=[_no_nul])
-    command = serializers.CharField(validators=[_no_nul])
+    name = serializers.CharField(max_length=255)
+    command = serializers.CharField()
     meta_hosts = serializers.ListField(
-        child=serializers.CharField(max_length=300, validators=[_no_nul]),
+        child=serializers.CharField(max_length=300),
         required=False,
         default=list,
         help_text="Meta-host labels, each LABEL or LABEL*N for N hosts with that label.",
     )
-    hosts = serializers.ListField(
-        child=serializers.CharField(max_length=255, validators=[_no_nul]), required=False, default=list
-    )
-    dependency_labels = serializers.ListField(
-        child=serializers.CharField(max_length=255, validators=[_no_nul]), required=False, default=list
-    )
+    hosts = serializers.ListField(child=serializers.CharField(max_length=255), required=False, default=list)
+    dependency_labels = serializers.ListField(child=serializers.CharField(max_length=255), required=False, default=list)
     priority = PriorityField(required=False, default=PRIORITY_NAMES["default"])
     timeout_mins = serializers.IntegerField(min_value=1, max_value=INT32_MAX, required=False, default=1440)
     max_runtime_mins = serializers.IntegerField(min_value=1, max_value=INT32_MAX, required=False, default=60)
