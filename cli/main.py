@@ -370,6 +370,7 @@ def shard_delete(run: Run, hostnames: tuple[str, ...], no_confirmation: bool) ->
         try:
             confirmed = click.confirm(question, default=False, err=True)
         except click.Abort:
+            click.echo("", err=True)  # end the unanswered prompt's line
             raise CliError("no confirmation on standard input: pass --no-confirmation to delete anyway") from None
         if not confirmed:
             raise CliError("nothing deleted")

@@ -49,12 +49,14 @@ def ok(result: Result) -> Result:
     return result
 
 
-def fails(result: Result, message: str, code: int = 1) -> Result:
-    """The failure contract: exit status, nothing on stdout, and one line on stderr that says what is wrong."""
+def fails(result: Result, message: str, code: int = 1, after_prompt: bool = False) -> Result:
+    """The failure contract: exit status, nothing on stdout, and one line on stderr that says what is wrong
+    (after a confirmation prompt, if there was one)."""
     assert result.exit_code == code, f"exit {result.exit_code}\nstdout: {result.stdout}\nstderr: {result.stderr}"
     if code == 1:
         assert result.stdout == ""
-        assert result.stderr.count("\n") == 1, result.stderr
+        assert result.stderr.count("\n") == (2 if after_prompt else 1), result.stderr
+        assert message in result.stderr.splitlines()[-1], result.stderr
     assert message in result.stderr, result.stderr
     return result
 
