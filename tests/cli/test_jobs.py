@@ -1,9 +1,12 @@
 """`fleetshard job ...` against a live server; job progress comes from real heartbeats."""
 
+import contextlib
 import json
 import os
+import pty
 import subprocess
 import sys
+import threading
 from itertools import count
 from typing import Any
 
@@ -226,3 +229,34 @@ def test_job_wait_shows_progress_as_the_shard_reports(server, fleet, heartbeat, 
     assert proc.returncode == 0
     assert progress.read_text().splitlines() == ["1 job: 1 Queued", "1 job: 1 Running", "1 job: 1 Completed"]
     assert "Completed" in out
+
+
+def test_job_wait_updates_one_line_in_place_on_a_terminal(server, fleet, heartbeat):
+    job = fleet.job()
+    env = {**os.environ, "FLEETSHARD_SERVER": server.url, "FLEETSHARD_TOKEN": server.token}
+    leader, follower = pty.openpty()
+    screen = bytearray()
+
+    def read_terminal() -> None:
+        with contextlib.suppress(OSError):  # EIO once the process has closed its end
+            while chunk := os.read(leader, 1024):
+                screen.extend(chunk)
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "job", "wait", "--interval", "0.1", "--timeout", "60", str(job.id)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=follower, text=True,
+    )  # fmt: skip
+    os.close(follower)
+    reader = threading.Thread(target=read_terminal, daemon=True)
+    reader.start()
+    try:
+        wait_until(lambda: b"1 Queued" in screen, what="the first progress line")
+        report(heartbeat, fleet, job, "Completed", exit_code=0)
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    reader.join(10)
+    os.close(leader)
+    assert proc.returncode == 0
+    assert bytes(screen) == b"\r\x1b[K1 job: 1 Queued\r\x1b[K1 job: 1 Completed\r\n"
