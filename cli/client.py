@@ -95,6 +95,11 @@ class Api:
             raise CliError(f"permission denied: {message or 'not allowed'}")
         if message:
             raise CliError(str(message))
+        if resp.status_code >= 500:
+            raise CliError(
+                f"the server at {self.server} failed ({resp.status_code} {resp.reason}) on {resp.request.method} "
+                f"{resp.url}; its log says why"
+            )
         raise CliError(
             f"the server at {self.server} answered {resp.status_code} {resp.reason} to {resp.request.method} "
             f"{resp.url}; is it a fleetshard master?"

@@ -73,6 +73,7 @@ class LabelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
 
     @extend_schema(request=s.LabelNamesSerializer, responses={201: s.LabelSerializer(many=True)})
     def create(self, request: Request) -> Response:
+        """Creates all the named labels or, when one exists or is invalid, none."""
         labels = services.create_labels(_valid(s.LabelNamesSerializer, request)["names"])
         return Response(s.LabelSerializer(labels, many=True).data, status=status.HTTP_201_CREATED)
 
@@ -131,6 +132,7 @@ class HostViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
 
     @extend_schema(request=s.HostCreateSerializer, responses={201: s.HostSerializer(many=True)})
     def create(self, request: Request) -> Response:
+        """Creates hosts, each assigned at once to the shard owning one of its labels; all or none."""
         data = _valid(s.HostCreateSerializer, request)
         services.create_hosts(
             data["hostnames"],
@@ -258,6 +260,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
 
     @extend_schema(request=s.JobCreateSerializer, responses={201: s.JobSerializer})
     def create(self, request: Request) -> Response:
+        """Creates a job owned by the caller, routed at once to the one shard that can run all of it."""
         data = _valid(s.JobCreateSerializer, request)
         meta_hosts = [pair for text in data["meta_hosts"] for pair in services.parse_meta_hosts(text)]
         job = services.create_job(
