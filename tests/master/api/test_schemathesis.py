@@ -1,4 +1,4 @@
-"""Generated requests against a live server: whatever they send, never a 5xx.
+"""Generated requests against a live server: whatever they send, never a 5xx, and every answer as documented.
 
 The requests come from docs/openapi.yaml, which test_schema asserts is the schema the server serves
 (schemathesis' lazy fixture loader does not work with this pytest). Bounded, a few examples per
@@ -11,6 +11,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, settings
 from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import content_type_conformance, response_schema_conformance
 
 from master import services
 from tests.master.api.conftest import SCHEMA_PATH
@@ -37,4 +38,4 @@ schema = schemathesis.openapi.from_path(SCHEMA_PATH)
 )
 def test_no_request_makes_the_server_fail(case: Any, live_server: Any, staff_token: str) -> None:
     response = case.call(base_url=live_server.url, headers={"Authorization": f"Bearer {staff_token}"}, timeout=30)
-    case.validate_response(response, checks=[not_a_server_error])
+    case.validate_response(response, checks=[not_a_server_error, response_schema_conformance, content_type_conformance])
