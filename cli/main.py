@@ -470,7 +470,7 @@ def job_list(run: Run, status: str | None, owner: str | None, shard: str | None,
     """List jobs, newest first."""
     status = next((s for s in JOB_STATUSES if status and s.lower() == status.lower()), None)
     jobs = run.api.list("/jobs/", limit=limit or None, status=status, owner=owner, shard=shard)
-    if not run.as_json and len(jobs) < run.api.total:
+    if len(jobs) < run.api.total:
         click.echo(f"(the newest {len(jobs)} of {run.api.total} jobs; --limit 0 shows all)", err=True)
     run.done(jobs, lambda: table(jobs, JOB_COLUMNS))
 

@@ -13,8 +13,6 @@ from cli.main import main
 from master import services
 from tests.support import ROOT, free_port
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
 
 @dataclass
 class Server:
