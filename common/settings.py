@@ -113,6 +113,12 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    "ENUM_NAME_OVERRIDES": {
+        "HostStatusEnum": "common.constants.HostStatus.ALL",
+        "JobStatusEnum": "common.constants.JobStatus.ALL",
+        "HQEStatusEnum": "common.constants.HQEStatus.ALL",
+        "ShardStatusEnum": ["online", "offline"],
+    },
 }
 
 # Protocol and scheduling knobs.

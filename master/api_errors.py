@@ -24,11 +24,21 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(detail, dict) and set(detail) == {"detail"}:
         message = str(detail["detail"])
     elif isinstance(detail, dict):
-        message = "; ".join(
-            f"{field}: {' '.join(str(m) for m in (msgs if isinstance(msgs, list) else [msgs]))}"
-            for field, msgs in detail.items()
-        )
+        message = "; ".join(f"{path}: {' '.join(msgs)}" for path, msgs in _field_messages(detail))
     else:
         message = str(detail)
     response.data = {"error": message, "detail": detail}
     return response
+
+
+def _field_messages(detail: Any, path: str = "") -> list[tuple[str, list[str]]]:
+    """Flattens DRF's nested errors ({"names": {0: [...]}}) into ("names[0]", [...]) pairs."""
+    if isinstance(detail, dict):
+        found = []
+        for key, value in detail.items():
+            found += _field_messages(value, f"{path}[{key}]" if path else str(key))
+        return found
+    items = detail if isinstance(detail, list) else [detail]
+    if any(isinstance(item, dict | list) for item in items):
+        return [pair for item in items for pair in _field_messages(item, path)]
+    return [(path, [str(item) for item in items])]

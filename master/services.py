@@ -214,7 +214,8 @@ def create_shard(hostname: str, labels: Sequence[str] = ()) -> tuple[Shard, str]
     shard = Shard.objects.create(hostname=hostname)
     if labels:
         add_labels_to_shard(hostname, labels)
-    _, raw = issue_token(shard=shard, description=f"heartbeat token of {hostname}")
+    # The description column holds 255 characters; a hostname may use all of them.
+    _, raw = issue_token(shard=shard, description=f"heartbeat token of {hostname}"[:255])
     return shard, raw
 
 

@@ -1,0 +1,123 @@
+"""The command line's HTTP client for the REST API: turns every failure into one clear sentence."""
+
+from typing import Any
+from urllib.parse import quote
+
+import click
+import requests
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
+
+DEFAULT_SERVER = "http://127.0.0.1:8000"
+API_PREFIX = "/api/v1"
+
+
+class CliError(click.ClickException):
+    """A failure the user can act on: printed as one line on stderr, exit status 1."""
+
+
+def segment(name: str | int) -> str:
+    """A name as one path segment: label names hold ':' and hostnames may hold anything but '/'."""
+    return quote(str(name), safe="")
+
+
+def _retrying_session() -> requests.Session:
+    # Reads are idempotent, so a hiccup (a restarting server, a dropped connection) is retried;
+    # writes are retried only when the connection failed, i.e. when nothing reached the server.
+    retry = Retry(
+        total=3,
+        connect=3,
+        read=2,
+        status=2,
+        backoff_factor=0.2,
+        status_forcelist=(502, 503, 504),
+        allowed_methods=frozenset({"GET"}),
+        raise_on_status=False,
+    )
+    session = requests.Session()
+    adapter = HTTPAdapter(max_retries=retry)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
+
+
+class Api:
+    def __init__(self, server: str, token: str | None, timeout: float = 30.0) -> None:
+        self.server = server.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+        self.session = _retrying_session()
+        self.total = 0  # the object count of the last list(), for "showing N of M"
+
+    def request(self, method: str, path: str, *, params: dict[str, Any] | None = None, body: Any = None) -> Any:
+        if not self.token:
+            raise CliError(
+                "no API token: set FLEETSHARD_TOKEN or pass --token "
+                "(an administrator creates one with `manage.py create_token USERNAME`)"
+            )
+        url = path if path.startswith(("http://", "https://")) else f"{self.server}{API_PREFIX}{path}"
+        try:
+            resp = self.session.request(
+                method,
+                url,
+                params=params,
+                json=body,
+                headers={"Authorization": f"Bearer {self.token}", "Accept": "application/json"},
+                timeout=(5, self.timeout),
+            )
+        except (requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema, requests.exceptions.InvalidURL):
+            raise CliError(f"invalid server URL {self.server!r}: use http://HOST:PORT") from None
+        except requests.exceptions.Timeout:
+            raise CliError(f"the fleetshard server at {self.server} did not answer within {self.timeout:g} s") from None
+        except requests.exceptions.ConnectionError:
+            raise CliError(
+                f"cannot reach the fleetshard server at {self.server} "
+                "(is it running? set --server or FLEETSHARD_SERVER)"
+            ) from None
+        return self._result(resp)
+
+    def _result(self, resp: requests.Response) -> Any:
+        if resp.status_code == 204:
+            return None
+        try:
+            data = resp.json()
+        except ValueError:
+            data = None
+        if resp.ok and data is not None:
+            return data
+        message = data.get("error") if isinstance(data, dict) else None
+        if resp.status_code == 401:
+            raise CliError(
+                f"the server at {self.server} refused the token ({message or 'not authenticated'}): "
+                "check FLEETSHARD_TOKEN or --token"
+            )
+        if resp.status_code == 403:
+            raise CliError(f"permission denied: {message or 'not allowed'}")
+        if message:
+            raise CliError(str(message))
+        if resp.status_code >= 500:
+            raise CliError(
+                f"the server at {self.server} failed ({resp.status_code} {resp.reason}) on {resp.request.method} "
+                f"{resp.url}; its log says why"
+            )
+        raise CliError(
+            f"the server at {self.server} answered {resp.status_code} {resp.reason} to {resp.request.method} "
+            f"{resp.url}; is it a fleetshard master?"
+        )
+
+    def get(self, path: str, **params: Any) -> Any:
+        return self.request("GET", path, params={k: v for k, v in params.items() if v is not None})
+
+    def post(self, path: str, body: Any = None) -> Any:
+        return self.request("POST", path, body=body if body is not None else {})
+
+    def list(self, path: str, limit: int | None = None, **params: Any) -> list[dict[str, Any]]:
+        """Every object of a list endpoint (or the first `limit`), following the pages."""
+        page_size = min(limit, 1000) if limit else 1000
+        page = self.get(path, limit=page_size, **params)
+        items: list[dict[str, Any]] = list(page["results"])
+        self.total = page["count"]
+        while page.get("next") and (not limit or len(items) < limit):
+            page = self.request("GET", page["next"])
+            items.extend(page["results"])
+        return items[:limit] if limit else items

@@ -1,0 +1,57 @@
+"""What the command line prints: plain tables for people, JSON (`--json`) for scripts."""
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import click
+
+Column = tuple[str, str | Callable[[dict[str, Any]], Any]]
+
+
+def when(key: str) -> Callable[[dict[str, Any]], str | None]:
+    """A timestamp column in UTC to the second: the API's microseconds only widen tables."""
+
+    def get(row: dict[str, Any]) -> str | None:
+        value = row.get(key)
+        return value[:19].replace("T", " ") if isinstance(value, str) and len(value) >= 19 else value
+
+    return get
+
+
+def cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list):
+        return ", ".join(str(v) for v in value) or "-"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
+    return str(value) if value != "" else "-"
+
+
+def table(rows: Sequence[dict[str, Any]], columns: Sequence[Column]) -> str:
+    """Left-aligned columns under a header; the last column is not padded so long label lists wrap naturally."""
+    grid = [[header for header, _ in columns]]
+    for row in rows:
+        grid.append([cell(get(row) if callable(get) else row.get(get)) for _, get in columns])
+    widths = [max(len(line[i]) for line in grid) for i in range(len(columns))]
+    return "\n".join(
+        "  ".join(text.ljust(widths[i]) if i < len(columns) - 1 else text for i, text in enumerate(line)).rstrip()
+        for line in grid
+    )
+
+
+def fields(obj: dict[str, Any], names: Sequence[tuple[str, str]]) -> str:
+    """`Label:  value` lines, for one object."""
+    width = max(len(title) for title, _ in names) + 1
+    return "\n".join(f"{(title + ':').ljust(width)}  {cell(obj.get(key))}" for title, key in names)
+
+
+def emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=False))
+
+
+def names(objs: Sequence[dict[str, Any]], key: str) -> str:
+    return ", ".join(str(o[key]) for o in objs)

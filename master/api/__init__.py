@@ -1,0 +1,1 @@
+"""The master's REST API under /api/v1/: thin views over master.services."""

@@ -1,0 +1,235 @@
+"""Wire shapes of the REST API. Output field names are fixed by DESIGN.md ("The command line").
+
+Input serializers only check types and sizes, so that nothing malformed reaches the database
+(PostgreSQL refuses NUL characters and out-of-range integers with a 500); the rules live in
+master.services.
+"""
+
+from typing import Any
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from common.constants import PRIORITY_NAMES, FailureClass, HostStatus
+from common.models import Host, HostQueueEntry, Job, Label, Shard
+
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+
+
+def _storable(value: str) -> str:
+    """Refuses what DRF's CharField refuses but DictField keys and free-form fields do not check."""
+    if "\x00" in value or any(0xD800 <= ord(c) <= 0xDFFF for c in value):
+        raise serializers.ValidationError("NUL and surrogate characters are not allowed")
+    return value
+
+
+# Output
+
+
+class LabelSerializer(serializers.ModelSerializer):
+    shard = serializers.SlugRelatedField(slug_field="hostname", read_only=True, allow_null=True)
+
+    class Meta:
+        model = Label
+        fields = ["id", "name", "shard"]
+
+
+class HostSerializer(serializers.ModelSerializer):
+    shard = serializers.SlugRelatedField(slug_field="hostname", read_only=True, allow_null=True)
+    labels = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
+    status = serializers.ChoiceField(choices=HostStatus.ALL, read_only=True)
+    attributes = serializers.DictField(child=serializers.CharField(), read_only=True)
+
+    class Meta:
+        model = Host
+        fields = ["id", "hostname", "status", "shard", "labels", "locked", "lock_reason", "attributes"]
+        read_only_fields = fields
+
+
+class ShardSerializer(serializers.ModelSerializer):
+    labels = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
+    hosts = serializers.SlugRelatedField(slug_field="hostname", many=True, read_only=True)
+    status = serializers.ChoiceField(choices=["online", "offline"], read_only=True)
+
+    class Meta:
+        model = Shard
+        fields = ["id", "hostname", "labels", "status", "last_heartbeat", "hosts", "client_version"]
+        read_only_fields = fields
+
+
+class CreatedShardSerializer(ShardSerializer):
+    token = serializers.CharField(read_only=True, help_text="The shard's heartbeat token, shown this once only.")
+
+    class Meta(ShardSerializer.Meta):
+        fields = [*ShardSerializer.Meta.fields, "token"]
+        read_only_fields = fields
+
+
+class _FailureField(serializers.ChoiceField):
+    """The failure class, or null while there is none (the model stores "")."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(choices=FailureClass.ALL, allow_null=True, read_only=True, **kwargs)
+
+    def to_representation(self, value: str) -> str | None:
+        return value or None
+
+
+class HQESerializer(serializers.ModelSerializer):
+    failure = _FailureField(help_text="Why a Failed entry failed: test (non-zero exit), timeout or infra.")
+    host = serializers.SlugRelatedField(slug_field="hostname", read_only=True, allow_null=True)
+    meta_host = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
+
+    class Meta:
+        model = HostQueueEntry
+        fields = ["id", "host", "meta_host", "status", "failure", "exit_code", "started_on", "finished_on"]
+        read_only_fields = fields
+
+
+class JobSerializer(serializers.ModelSerializer):
+    shard = serializers.SlugRelatedField(slug_field="hostname", read_only=True, allow_null=True)
+    dependency_labels = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
+    keyvals = serializers.DictField(child=serializers.CharField(), read_only=True)
+    parent = serializers.PrimaryKeyRelatedField(read_only=True, allow_null=True)
+    hqes = HQESerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Job
+        fields = [
+            "id",
+            "name",
+            "owner",
+            "priority",
+            "status",
+            "shard",
+            "created_on",
+            "command",
+            "timeout_mins",
+            "max_runtime_mins",
+            "dependency_labels",
+            "keyvals",
+            "parent",
+            "aborted",
+            "hqes",
+        ]
+        read_only_fields = fields
+
+
+class ErrorSerializer(serializers.Serializer):
+    """Every error response: a one-line message, and details such as the offending field."""
+
+    error = serializers.CharField()
+    detail = serializers.JSONField(allow_null=True)
+
+
+# Input
+
+
+def _names(help_text: str) -> serializers.ListField:
+    return serializers.ListField(child=serializers.CharField(max_length=255), min_length=1, help_text=help_text)
+
+
+class _StringMap(serializers.DictField):
+    """A JSON object of strings whose keys are checked too (DictField checks only the values)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(child=serializers.CharField(max_length=1024, allow_blank=True), **kwargs)
+
+    def to_internal_value(self, data: Any) -> dict[str, str]:
+        value = super().to_internal_value(data)
+        for key in value:
+            if not key or len(key) > 255:
+                raise serializers.ValidationError(f"invalid key {key!r}: use 1-255 characters")
+            _storable(key)
+        return value
+
+
+class LabelNamesSerializer(serializers.Serializer):
+    names = _names("Label names; all are created (or deleted) or none.")
+
+
+class HostsOfLabelSerializer(serializers.Serializer):
+    hosts = _names("Hostnames to add the label to (or remove it from).")
+
+
+class HostCreateSerializer(serializers.Serializer):
+    hostnames = _names("Hostnames to create, all with the same labels and attributes.")
+    labels = serializers.ListField(child=serializers.CharField(max_length=255), required=False, default=list)
+    attributes = _StringMap(required=False, default=dict)
+    locked = serializers.BooleanField(required=False, default=False)
+    lock_reason = serializers.CharField(max_length=1024, required=False, default="", allow_blank=True)
+
+
+class HostnamesSerializer(serializers.Serializer):
+    hostnames = _names("Hostnames; the change applies to all or none.")
+
+
+class HostLockSerializer(HostnamesSerializer):
+    reason = serializers.CharField(max_length=1024, required=False, default="", allow_blank=True)
+
+
+class ShardCreateSerializer(serializers.Serializer):
+    hostname = serializers.CharField(max_length=255)
+    labels = serializers.ListField(child=serializers.CharField(max_length=255), required=False, default=list)
+
+
+class ShardLabelsSerializer(serializers.Serializer):
+    labels = _names("Labels to give to the shard; its hosts follow them.")
+
+
+class ShardLabelSerializer(serializers.Serializer):
+    label = serializers.CharField(max_length=255)
+
+
+class ShardHostnamesSerializer(serializers.Serializer):
+    hostnames = _names("Shard hostnames to delete.")
+
+
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "integer", "minimum": -INT32_MAX, "maximum": INT32_MAX},
+            {"type": "string", "description": "an integer or one of " + ", ".join(PRIORITY_NAMES)},
+        ]
+    }
+)
+class PriorityField(serializers.Field):
+    """An integer or a priority name; master.services.parse_priority decides which names exist."""
+
+    def to_internal_value(self, data: Any) -> int | str:
+        if isinstance(data, bool) or not isinstance(data, int | str):
+            raise serializers.ValidationError("must be an integer or a priority name")
+        if isinstance(data, int) and abs(data) > INT32_MAX:
+            raise serializers.ValidationError(f"must be between {-INT32_MAX} and {INT32_MAX}")
+        if isinstance(data, str):
+            _storable(data)
+            text = data.strip()
+            if text.lstrip("+-").isdigit() and abs(int(text)) > INT32_MAX:
+                raise serializers.ValidationError(f"must be between {-INT32_MAX} and {INT32_MAX}")
+        return data
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+class JobCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=255)
+    command = serializers.CharField()
+    meta_hosts = serializers.ListField(
+        child=serializers.CharField(max_length=300),
+        required=False,
+        default=list,
+        help_text="Meta-host labels, each LABEL or LABEL*N for N hosts with that label.",
+    )
+    hosts = serializers.ListField(child=serializers.CharField(max_length=255), required=False, default=list)
+    dependency_labels = serializers.ListField(child=serializers.CharField(max_length=255), required=False, default=list)
+    priority = PriorityField(required=False, default=PRIORITY_NAMES["default"])
+    timeout_mins = serializers.IntegerField(min_value=1, max_value=INT32_MAX, required=False, default=1440)
+    max_runtime_mins = serializers.IntegerField(min_value=1, max_value=INT32_MAX, required=False, default=60)
+    keyvals = _StringMap(required=False, default=dict)
+    parent = serializers.IntegerField(min_value=1, max_value=INT64_MAX, required=False, allow_null=True, default=None)
+
+
+class JobIdsSerializer(serializers.Serializer):
+    ids = serializers.ListField(child=serializers.IntegerField(min_value=1, max_value=INT64_MAX), min_length=1)

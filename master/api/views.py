@@ -1,0 +1,307 @@
+"""REST views: parse the input, call one master service, render. The rules and their errors live in
+master.services, so the API, the admin and the command line refuse the same things the same way."""
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.db.models import Model, Prefetch, QuerySet
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.parsers import JSONParser
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.serializers import Serializer
+
+from common.errors import NotFound
+from common.models import Host, HostQueueEntry, Job, Label, Shard
+from master import services
+from master.api import serializers as s
+from master.api.filters import HostFilter, JobFilter, LabelFilter
+from master.api.pagination import BoundedLimitOffsetPagination
+from master.api.permissions import IsOwnerOrStaffToAbort, IsStaffOrReadOnly, may_abort
+from master.api.schema import FleetshardAutoSchema
+
+NO_CONTENT = OpenApiResponse(description="Done; nothing to return.")
+
+
+def _valid(serializer_class: type[Serializer], request: Request) -> dict[str, Any]:
+    serializer = serializer_class(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+def _path_name(value: str, kind: str) -> str:
+    # A NUL cannot be stored, so it cannot name anything; PostgreSQL would fail on it with a 500.
+    if "\x00" in value:
+        raise NotFound(f"unknown {kind} {value!r}", field=kind)
+    return value
+
+
+def _in_order(objects: QuerySet, key: str, order: Sequence[Any]) -> list[Any]:
+    by_key = {getattr(obj, key): obj for obj in objects}
+    return [by_key[k] for k in dict.fromkeys(order) if k in by_key]
+
+
+class _Base(viewsets.GenericViewSet):
+    schema = FleetshardAutoSchema()
+    parser_classes = [JSONParser]
+    pagination_class = BoundedLimitOffsetPagination
+    lookup_value_regex = "[^/]+"
+
+    def _object(self, obj: Model) -> Model:
+        self.check_object_permissions(self.request, obj)
+        return obj
+
+
+@extend_schema(tags=["labels"])
+class LabelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
+    """Labels decide which shard owns which hosts and jobs."""
+
+    queryset = Label.objects.select_related("shard")
+    serializer_class = s.LabelSerializer
+    permission_classes = [IsStaffOrReadOnly]
+    filterset_class = LabelFilter
+    ordering_fields = ["name", "id"]
+    lookup_field = "name"
+
+    def get_object(self) -> Label:
+        (label,) = services.get_labels([_path_name(self.kwargs["name"], "label")])
+        return self._object(label)
+
+    @extend_schema(request=s.LabelNamesSerializer, responses={201: s.LabelSerializer(many=True)})
+    def create(self, request: Request) -> Response:
+        """Creates all the named labels or, when one exists or is invalid, none."""
+        labels = services.create_labels(_valid(s.LabelNamesSerializer, request)["names"])
+        return Response(s.LabelSerializer(labels, many=True).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses={204: NO_CONTENT})
+    def destroy(self, request: Request, name: str) -> Response:
+        services.delete_labels([_path_name(name, "label")])
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(request=s.LabelNamesSerializer, responses={204: NO_CONTENT})
+    @action(detail=False, methods=["post"], url_path="delete")
+    def delete_many(self, request: Request) -> Response:
+        """Deletes all the named labels or, when one cannot be deleted, none."""
+        services.delete_labels(_valid(s.LabelNamesSerializer, request)["names"])
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(request=s.HostsOfLabelSerializer, responses={200: s.HostSerializer(many=True)})
+    @action(detail=True, methods=["post"])
+    def add_hosts(self, request: Request, name: str) -> Response:
+        hostnames = _valid(s.HostsOfLabelSerializer, request)["hosts"]
+        services.add_label_to_hosts(_path_name(name, "label"), hostnames)
+        return Response(s.HostSerializer(_hosts(hostnames), many=True).data)
+
+    @extend_schema(request=s.HostsOfLabelSerializer, responses={200: s.HostSerializer(many=True)})
+    @action(detail=True, methods=["post"])
+    def remove_hosts(self, request: Request, name: str) -> Response:
+        hostnames = _valid(s.HostsOfLabelSerializer, request)["hosts"]
+        services.remove_label_from_hosts(_path_name(name, "label"), hostnames)
+        return Response(s.HostSerializer(_hosts(hostnames), many=True).data)
+
+
+def _host_queryset() -> QuerySet:
+    return Host.objects.select_related("shard").prefetch_related("labels")
+
+
+def _hosts(hostnames: Sequence[str]) -> list[Host]:
+    return _in_order(_host_queryset().filter(hostname__in=hostnames), "hostname", hostnames)
+
+
+@extend_schema(tags=["hosts"])
+class HostViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
+    """Lab devices. Their status comes from their shard; everything else is set here."""
+
+    serializer_class = s.HostSerializer
+    permission_classes = [IsStaffOrReadOnly]
+    filterset_class = HostFilter
+    ordering_fields = ["hostname", "id", "status", "locked"]
+    lookup_field = "hostname"
+
+    def get_queryset(self) -> QuerySet:
+        return _host_queryset()
+
+    def get_object(self) -> Host:
+        hostname = _path_name(self.kwargs["hostname"], "host")
+        services.get_hosts([hostname])  # raises the service's "unknown host" error
+        return self._object(self.get_queryset().get(hostname=hostname))
+
+    @extend_schema(request=s.HostCreateSerializer, responses={201: s.HostSerializer(many=True)})
+    def create(self, request: Request) -> Response:
+        """Creates hosts, each assigned at once to the shard owning one of its labels; all or none."""
+        data = _valid(s.HostCreateSerializer, request)
+        services.create_hosts(
+            data["hostnames"],
+            labels=data["labels"],
+            attributes=data["attributes"],
+            locked=data["locked"],
+            lock_reason=data["lock_reason"],
+        )
+        return Response(s.HostSerializer(_hosts(data["hostnames"]), many=True).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses={204: NO_CONTENT})
+    def destroy(self, request: Request, hostname: str) -> Response:
+        services.delete_hosts([_path_name(hostname, "host")])
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(request=s.HostnamesSerializer, responses={204: NO_CONTENT})
+    @action(detail=False, methods=["post"], url_path="delete")
+    def delete_many(self, request: Request) -> Response:
+        """Deletes all the named hosts or, when one is busy or unknown, none."""
+        services.delete_hosts(_valid(s.HostnamesSerializer, request)["hostnames"])
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(request=s.HostLockSerializer, responses={200: s.HostSerializer(many=True)})
+    @action(detail=False, methods=["post"])
+    def lock(self, request: Request) -> Response:
+        """Locked hosts are never given new work; a running job finishes."""
+        data = _valid(s.HostLockSerializer, request)
+        services.lock_hosts(data["hostnames"], data["reason"])
+        return Response(s.HostSerializer(_hosts(data["hostnames"]), many=True).data)
+
+    @extend_schema(request=s.HostnamesSerializer, responses={200: s.HostSerializer(many=True)})
+    @action(detail=False, methods=["post"])
+    def unlock(self, request: Request) -> Response:
+        hostnames = _valid(s.HostnamesSerializer, request)["hostnames"]
+        services.unlock_hosts(hostnames)
+        return Response(s.HostSerializer(_hosts(hostnames), many=True).data)
+
+
+def _shard_queryset() -> QuerySet:
+    return Shard.objects.prefetch_related(
+        "labels", Prefetch("hosts", queryset=Host.objects.only("id", "hostname", "shard_id"))
+    )
+
+
+@extend_schema(tags=["shards"])
+class ShardViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
+    """Labs. A shard owns its labels, and through them hosts and jobs."""
+
+    serializer_class = s.ShardSerializer
+    permission_classes = [IsStaffOrReadOnly]
+    ordering_fields = ["hostname", "id", "last_heartbeat"]
+    lookup_field = "hostname"
+
+    def get_queryset(self) -> QuerySet:
+        return _shard_queryset()
+
+    def get_object(self) -> Shard:
+        shard = services.get_shard(_path_name(self.kwargs["hostname"], "shard"))
+        return self._object(self.get_queryset().get(id=shard.id))
+
+    @extend_schema(
+        request=s.ShardCreateSerializer,
+        responses={201: s.CreatedShardSerializer},
+        description="Creates a shard and its heartbeat token; the token is in this response only.",
+    )
+    def create(self, request: Request) -> Response:
+        data = _valid(s.ShardCreateSerializer, request)
+        shard, token = services.create_shard(data["hostname"], data["labels"])
+        created = self.get_queryset().get(id=shard.id)
+        created.token = token
+        return Response(s.CreatedShardSerializer(created).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses={204: NO_CONTENT})
+    def destroy(self, request: Request, hostname: str) -> Response:
+        services.delete_shards([_path_name(hostname, "shard")])
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(request=s.ShardHostnamesSerializer, responses={204: NO_CONTENT})
+    @action(detail=False, methods=["post"], url_path="delete")
+    def delete_many(self, request: Request) -> Response:
+        """Deletes the shards: their labels and hosts are unassigned, their active jobs aborted."""
+        services.delete_shards(_valid(s.ShardHostnamesSerializer, request)["hostnames"])
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(request=s.ShardLabelsSerializer, responses={200: s.ShardSerializer})
+    @action(detail=True, methods=["post"])
+    def add_labels(self, request: Request, hostname: str) -> Response:
+        shard = services.add_labels_to_shard(
+            _path_name(hostname, "shard"), _valid(s.ShardLabelsSerializer, request)["labels"]
+        )
+        return Response(s.ShardSerializer(self.get_queryset().get(id=shard.id)).data)
+
+    @extend_schema(request=s.ShardLabelSerializer, responses={200: s.ShardSerializer})
+    @action(detail=True, methods=["post"])
+    def remove_label(self, request: Request, hostname: str) -> Response:
+        shard = services.remove_label_from_shard(
+            _path_name(hostname, "shard"), _valid(s.ShardLabelSerializer, request)["label"]
+        )
+        return Response(s.ShardSerializer(self.get_queryset().get(id=shard.id)).data)
+
+
+@extend_schema_view(
+    list=extend_schema(description="Jobs, newest first."),
+)
+@extend_schema(tags=["jobs"])
+class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
+    """Jobs and their host queue entries. Anyone signed in submits; the owner or staff abort."""
+
+    serializer_class = s.JobSerializer
+    permission_classes = [IsAuthenticated, IsOwnerOrStaffToAbort]
+    filterset_class = JobFilter
+    ordering_fields = ["id", "priority", "created_on", "name", "owner", "status"]
+    lookup_field = "id"
+
+    def get_queryset(self) -> QuerySet:
+        hqes = HostQueueEntry.objects.select_related("host", "meta_host")
+        return Job.objects.select_related("shard").prefetch_related("dependency_labels", Prefetch("hqes", hqes))
+
+    def get_object(self) -> Job:
+        raw = _path_name(self.kwargs["id"], "job")
+        job = self.get_queryset().filter(id=int(raw)).first() if raw.isdigit() and len(raw) < 19 else None
+        if job is None:
+            raise NotFound(f"unknown job {raw}", field="id")
+        return self._object(job)
+
+    @extend_schema(request=s.JobCreateSerializer, responses={201: s.JobSerializer})
+    def create(self, request: Request) -> Response:
+        """Creates a job owned by the caller, routed at once to the one shard that can run all of it."""
+        data = _valid(s.JobCreateSerializer, request)
+        meta_hosts = [pair for text in data["meta_hosts"] for pair in services.parse_meta_hosts(text)]
+        job = services.create_job(
+            services.JobRequest(
+                name=data["name"],
+                owner=request.user.username,
+                command=data["command"],
+                meta_hosts=meta_hosts,
+                hosts=data["hosts"],
+                dependency_labels=data["dependency_labels"],
+                priority=data["priority"],
+                timeout_mins=data["timeout_mins"],
+                max_runtime_mins=data["max_runtime_mins"],
+                keyvals=data["keyvals"],
+                parent_id=data["parent"],
+            )
+        )
+        return Response(s.JobSerializer(self.get_queryset().get(id=job.id)).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={200: s.JobSerializer})
+    @action(detail=True, methods=["post"])
+    def abort(self, request: Request, id: str) -> Response:
+        """Asks the job's shard to stop it; its entries end Aborted."""
+        job = self.get_object()
+        services.abort_jobs([job.id])
+        return Response(s.JobSerializer(self.get_queryset().get(id=job.id)).data)
+
+    @extend_schema(
+        operation_id="jobs_abort_many", request=s.JobIdsSerializer, responses={200: s.JobSerializer(many=True)}
+    )
+    @action(detail=False, methods=["post"], url_path="abort")
+    def abort_many(self, request: Request) -> Response:
+        """Aborts all the given jobs or, when one is unknown, finished or not yours, none."""
+        ids = _valid(s.JobIdsSerializer, request)["ids"]
+        others = [j for j in Job.objects.filter(id__in=ids).only("id", "owner") if not may_abort(request.user, j)]
+        if others:
+            listed = ", ".join(f"{j.id} (owner {j.owner})" for j in sorted(others, key=lambda j: j.id))
+            raise PermissionDenied(f"only a job's owner or staff may abort it: not yours: job {listed}")
+        jobs = services.abort_jobs(ids)
+        return Response(
+            s.JobSerializer(
+                _in_order(self.get_queryset().filter(id__in=ids), "id", [j.id for j in jobs]), many=True
+            ).data
+        )

@@ -1,0 +1,110 @@
+"""`fleetshard label ...` against a live server."""
+
+import json
+
+import pytest
+
+from common.models import Host, Label
+from tests.cli.conftest import fails, ok
+from tests.fleet_state import snapshot
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_label_create_and_list(cli, fleet):
+    assert ok(cli("label", "create", "os:android", "os:linux")).stdout == "Created labels: os:android, os:linux\n"
+    assert set(Label.objects.values_list("name", flat=True)) >= {"os:android", "os:linux"}
+    out = ok(cli("label", "list")).stdout.splitlines()
+    assert out[0].split() == ["Id", "Name", "Shard"]
+    assert any(line.split()[1:] == ["board:a", "lab1"] for line in out[1:])
+    assert any(line.split()[1:] == ["os:linux", "-"] for line in out[1:])
+
+
+def test_label_list_json_is_an_array_with_the_design_fields(cli, fleet):
+    labels = json.loads(ok(cli("label", "list", "--json")).stdout)
+    assert isinstance(labels, list) and len(labels) == Label.objects.count()
+    assert {"id": Label.objects.get(name="board:b").id, "name": "board:b", "shard": "lab2"} in labels
+    assert all(set(x) == {"id", "name", "shard"} for x in labels)
+
+
+def test_label_list_of_a_shard(cli, fleet):
+    assert [x["name"] for x in json.loads(ok(cli("label", "list", "--shard", "lab1", "--json")).stdout)] == ["board:a"]
+    fails(cli("label", "list", "--shard", "nosuch"), "Error: unknown shard nosuch")
+
+
+def test_label_create_json_is_one_object(cli, fleet):
+    out = json.loads(ok(cli("label", "create", "x1", "--json")).stdout)
+    assert out == {"labels": [{"id": Label.objects.get(name="x1").id, "name": "x1", "shard": None}]}
+
+
+def test_label_create_reads_a_file(cli, fleet, tmp_path):
+    listing = tmp_path / "labels.txt"
+    listing.write_text("# new boards\nboard:x board:y\nboard:z,pool:y\n")
+    ok(cli("label", "create", "-B", str(listing)))
+    assert Label.objects.filter(name__in=["board:x", "board:y", "board:z", "pool:y"]).count() == 4
+
+
+def test_label_create_refuses_existing_and_invalid_names_changing_nothing(cli, fleet):
+    before = snapshot()
+    fails(cli("label", "create", "new1", "board:a"), "Error: label board:a already exists")
+    fails(cli("label", "create", "bad name"), "invalid label name 'bad name'")
+    fails(cli("label", "create", "-B", "/nonexistent/file"), "cannot read /nonexistent/file")
+    assert snapshot() == before
+
+
+def test_label_create_without_names_is_bad_usage(cli, fleet):
+    fails(cli("label", "create"), "give at least one label NAME", code=2)
+
+
+def test_label_delete(cli, fleet):
+    assert ok(cli("label", "delete", "pool:x", "wifi")).stdout == "Deleted labels: pool:x, wifi\n"
+    assert not Label.objects.filter(name__in=["pool:x", "wifi"]).exists()
+    assert json.loads(ok(cli("label", "delete", "board:c", "--json")).stdout) == {"deleted": ["board:c"]}
+
+
+def test_label_delete_unknown_changes_nothing(cli, fleet):
+    before = snapshot()
+    fails(cli("label", "delete", "wifi", "nosuch"), "Error: unknown label nosuch")
+    assert snapshot() == before
+
+
+def test_label_add_and_remove_on_hosts(cli, fleet, tmp_path):
+    assert ok(cli("label", "add", "pool:x", "-m", "a1,a2")).stdout == "Added label pool:x to hosts: a1, a2\n"
+    hosts_file = tmp_path / "hosts"
+    hosts_file.write_text("a3\n")
+    out = json.loads(ok(cli("label", "add", "pool:x", "-M", str(hosts_file), "--json")).stdout)
+    assert out["label"] == "pool:x" and [h["hostname"] for h in out["hosts"]] == ["a3"]
+    assert "pool:x" in out["hosts"][0]["labels"]
+    assert set(Host.objects.filter(labels__name="pool:x").values_list("hostname", flat=True)) == {"a1", "a2", "a3"}
+    assert ok(cli("label", "remove", "pool:x", "-m", "a1", "-m", "a2")).stdout == (
+        "Removed label pool:x from hosts: a1, a2\n"
+    )
+    assert list(Host.objects.filter(labels__name="pool:x").values_list("hostname", flat=True)) == ["a3"]
+
+
+def test_label_add_moves_a_host_to_the_labels_shard(cli, fleet):
+    ok(cli("label", "add", "board:b", "-m", "c1"))
+    assert Host.objects.get(hostname="c1").shard == fleet.lab2
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("label", "add", "nosuch", "-m", "a1"), "Error: unknown label nosuch"),
+        (("label", "add", "wifi", "-m", "a3,zz,yy"), "Error: unknown hosts yy, zz"),
+        (
+            ("label", "add", "board:b", "-m", "a1"),
+            "Error: host a1 would have labels of two shards: board:a (shard lab1) and board:b (shard lab2)",
+        ),
+        (("label", "remove", "wifi", "-m", "a1,a3"), "Error: label wifi is not on host a3"),
+        (("label", "remove", "nosuch", "-m", "a1"), "Error: unknown label nosuch"),
+    ],
+)
+def test_label_add_and_remove_errors_change_nothing(cli, fleet, args, message):
+    before = snapshot()
+    fails(cli(*args), message)
+    assert snapshot() == before
+
+
+def test_label_add_without_hosts_is_bad_usage(cli, fleet):
+    fails(cli("label", "add", "wifi"), "give at least one host", code=2)
