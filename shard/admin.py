@@ -136,7 +136,7 @@ class ActiveFilter(admin.SimpleListFilter):
 
 @admin.register(HostQueueEntry, site=shard_site)
 class HQEAdmin(ReadOnlyAdmin):
-    list_display = ["id", "job", "host", "meta_host", "status_badge", "failure", "started_on", "runtime", "log_tail"]
+    list_display = ["id", "job", "host", "meta_host", "status_badge", "failure", "started_on", "runtime", "log_lines"]
     list_filter = [ActiveFilter, "status", "failure"]
     search_fields = ["job__name", "host__hostname"]
     list_select_related = ["job", "host", "meta_host"]
@@ -169,7 +169,7 @@ class HQEAdmin(ReadOnlyAdmin):
         return f"{seconds // 60} min {seconds % 60} s"
 
     @admin.display(description="log tail (last lines)")
-    def log_tail(self, obj: HostQueueEntry) -> SafeString:
+    def log_lines(self, obj: HostQueueEntry) -> SafeString:
         return _log(obj, lines=6)
 
     @admin.display(description="log tail")
