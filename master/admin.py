@@ -389,15 +389,15 @@ class ShardAdmin(ServiceAdmin):
         total = badge(f"{obj.hosts_total} total", "#455a64")  # type: ignore[attr-defined]
         return SafeString(" ".join([total, *host_badges(obj)]))
 
-    @admin.display(description="queued jobs", ordering="jobs_queued")
+    @admin.display(description="jobs queued", ordering="jobs_queued")
     def jobs_queued(self, obj: Shard) -> int:
         return obj.jobs_queued  # type: ignore[attr-defined]
 
-    @admin.display(description="running jobs", ordering="jobs_running")
+    @admin.display(description="jobs running", ordering="jobs_running")
     def jobs_running(self, obj: Shard) -> int:
         return obj.jobs_running  # type: ignore[attr-defined]
 
-    @admin.display(description="failed jobs (24 h)", ordering="jobs_failed_24h")
+    @admin.display(description="jobs failed (24 h)", ordering="jobs_failed_24h")
     def jobs_failed_24h(self, obj: Shard) -> int:
         return obj.jobs_failed_24h  # type: ignore[attr-defined]
 

@@ -40,6 +40,7 @@ def annotate_shards(qs: QuerySet[Shard], now: datetime | None = None) -> QuerySe
     since = (now or timezone.now()) - FAILED_WINDOW
     annotations: dict[str, Any] = {
         "hosts_total": _count_per_shard(Host.objects.all()),
+        "hosts_locked": _count_per_shard(Host.objects.filter(locked=True)),
         "jobs_queued": _count_per_shard(Job.objects.filter(status=JobStatus.QUEUED)),
         "jobs_running": _count_per_shard(Job.objects.filter(status=JobStatus.RUNNING)),
         "jobs_failed_24h": _count_per_shard(Job.objects.filter(status=JobStatus.FAILED, hqes__finished_on__gte=since)),
@@ -63,7 +64,11 @@ def hosts_by_status(obj: Model) -> list[tuple[str, int]]:
 
 
 def host_badges(obj: Model) -> list[SafeString]:
-    return [badge(f"{n} {status}", color_of(status)) for status, n in hosts_by_status(obj)]
+    """Hosts by status, then how many of them are locked (a locked host keeps its status)."""
+    badges = [badge(f"{n} {status}", color_of(status)) for status, n in hosts_by_status(obj)]
+    if getattr(obj, "hosts_locked", 0):
+        badges.append(badge(f"{obj.hosts_locked} locked", color_of("locked"), title="locked hosts get no new jobs"))  # type: ignore[attr-defined]
+    return badges
 
 
 def offline_after_s() -> float:
