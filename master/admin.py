@@ -19,7 +19,7 @@ from django.db import transaction
 from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import reverse
+from django.urls import reverse, reverse_lazy
 from django.utils import timezone
 from django.utils.safestring import SafeString
 
@@ -44,6 +44,7 @@ admin.site.site_header = "fleetshard master"
 admin.site.site_title = "fleetshard master"
 admin.site.index_title = "Fleet administration"
 admin.site.index_template = "master/admin/index.html"
+admin.site.site_url = reverse_lazy("fleet-overview")  # the header's "View site" link
 
 Apply = Callable[[dict[str, Any], list[Any]], str]
 

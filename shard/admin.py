@@ -29,6 +29,7 @@ class ShardAdminSite(admin.AdminSite):
     site_title = "fleetshard shard"
     index_title = "This lab's shard"
     index_template = "shard/admin/index.html"
+    site_url = None  # a shard serves no site besides this admin
 
     def each_context(self, request: HttpRequest) -> dict[str, Any]:
         context = super().each_context(request)
@@ -57,9 +58,10 @@ def summary() -> dict[str, Any]:
     return {
         "shard_hostname": settings.FLEETSHARD_SHARD_HOSTNAME or "(FLEETSHARD_SHARD_HOSTNAME is not set)",
         "master_url": settings.FLEETSHARD_MASTER_URL,
-        "last_heartbeat_ok": age(state.last_heartbeat_ok) if state and state.last_heartbeat_ok else "not recorded",
+        "last_heartbeat_ok": age(state.last_heartbeat_ok) if state and state.last_heartbeat_ok else "",
         "host_badges": [badge(f"{hosts[s]} {s}", color_of(s)) for s in HostStatus.ALL if s in hosts],
         "hosts_total": sum(hosts.values()),
+        "hosts_locked": Host.objects.filter(locked=True).count(),
         "hqe_counts": [(s, hqes.get(s, 0)) for s in HQEStatus.ACTIVE],
         "outbox_count": OutboxEntry.objects.count(),
         "dead_letter_count": DeadLetter.objects.count(),

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+import requests
 
-from tests.support import ROOT, Master, ShardProcess, make_shard_process, wait_until
+from tests.support import ROOT, Master, ShardProcess, free_port, make_shard_process, stop, wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
@@ -192,6 +193,58 @@ def test_lock_a_host_with_a_reason(world: World, page: Any) -> None:
         interval=1,
         what="the lock to reach the shard",
     )
+
+
+@pytest.fixture(scope="module")
+def shard_admin(world: World) -> Iterator[str]:
+    """The shard's own admin, served by `manage.py serve` in the shard's role, on its database."""
+    world.shard.shell(
+        "from django.contrib.auth.models import User\n"
+        f"User.objects.create_superuser({USER!r}, 'lab@example.com', {PASSWORD!r})\nresult = True"
+    )
+    port = free_port()
+    proc = world.shard.role.start("serve", "--bind", f"127.0.0.1:{port}", "--workers", "1", log_name="admin.log")
+    base = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError("the shard's admin exited:\n" + (world.shard.role.data_dir / "admin.log").read_text())
+        try:
+            return requests.get(base + "/admin/login/", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    wait_until(up, timeout=60, what="the shard's admin to serve")
+    yield base
+    stop(proc)
+
+
+def test_the_shard_admin_shows_its_hosts_and_queue_read_only(world: World, shard_admin: str, chromium: Any) -> None:
+    from playwright.sync_api import expect
+
+    context = chromium.new_context(viewport={"width": 1280, "height": 860})
+    context.set_default_timeout(20_000)
+    page = context.new_page()
+    try:
+        login(page, shard_admin, "/admin/")
+        summary = page.locator("#fs-shard-summary")
+        expect(summary).to_contain_text(f"Shard {LIVE}")
+        expect(summary).to_contain_text("4 Ready")
+        expect(summary).to_contain_text("2 locked")
+        expect(summary).to_contain_text("1 queued, 0 starting, 0 running")
+        page.goto(shard_admin + "/admin/common/host/")
+        parked = page.locator("#result_list tr", has_text="sunfish-04")
+        expect(parked).to_contain_text("usb hub replaced")
+        expect(parked.locator(".field-status_badge")).to_have_text("Ready")
+        expect(page.locator("#result_list tr", has_text="sunfish-02")).to_contain_text("replacing the USB hub")
+        assert page.locator("select[name=action]").count() == 0  # no actions: nothing changes here
+        page.goto(shard_admin + "/admin/common/job/")
+        expect(page.locator("#result_list")).to_contain_text("ui-bvt-parked")
+        expect(page.locator("#result_list")).not_to_contain_text("bramble-smoke")  # another shard's job
+        page.goto(shard_admin + "/admin/")
+        screenshot(page, "admin-shard-site.png")
+    finally:
+        context.close()
 
 
 def hqe_statuses(world: World, job_id: int) -> list[str]:
