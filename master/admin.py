@@ -14,6 +14,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.models import ADDITION, CHANGE, DELETION, LogEntry
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import Count, Q, QuerySet
@@ -57,6 +58,14 @@ def _names(objs: Sequence[Any], attr: str = "hostname") -> list[str]:
     return [getattr(o, attr) for o in objs]
 
 
+def audit(request: HttpRequest, objects: Sequence[Any], message: str, flag: int = CHANGE) -> None:
+    """Records the change in the admin's history, so an object's page says who locked it and why."""
+    if objects:
+        LogEntry.objects.log_actions(
+            user_id=request.user.pk, queryset=list(objects), action_flag=flag, change_message=message
+        )
+
+
 def form_action(
     model_admin: admin.ModelAdmin,
     request: HttpRequest,
@@ -64,6 +73,7 @@ def form_action(
     *,
     title: str,
     apply: Apply,
+    flag: int = CHANGE,
     form_class: type[forms.Form] = ConfirmForm,
     form_kwargs: dict[str, Any] | None = None,
     submit: str = "Apply",
@@ -84,6 +94,7 @@ def form_action(
             except FleetshardError as exc:
                 model_admin.message_user(request, exc.message, messages.ERROR)
             else:
+                audit(request, objects, message, flag)
                 model_admin.message_user(request, message, messages.SUCCESS)
             return None
     else:
@@ -195,6 +206,7 @@ class LabelAdmin(ServiceAdmin):
 
     def create(self, request: HttpRequest, form: forms.Form) -> HttpResponse:
         labels = services.create_labels(form.cleaned_data["names"])
+        audit(request, labels, "created", ADDITION)
         self.message_user(request, f"created {_listed('label', _names(labels, 'name'))}", messages.SUCCESS)
         return HttpResponseRedirect(self.changelist_url())
 
@@ -209,6 +221,7 @@ class LabelAdmin(ServiceAdmin):
             request,
             queryset,
             title="Delete labels",
+            flag=DELETION,
             apply=apply,
             submit="Yes, delete them",
             intro="Hosts lose these labels, and a host whose shard came from one of them leaves that shard.",
@@ -253,6 +266,7 @@ class HostAdmin(ServiceAdmin):
             locked=data["locked"],
             lock_reason=data["lock_reason"],
         )
+        audit(request, hosts, "created", ADDITION)
         self.message_user(request, f"created {_listed('host', _names(hosts))}", messages.SUCCESS)
         return HttpResponseRedirect(self.changelist_url())
 
@@ -272,6 +286,7 @@ class HostAdmin(ServiceAdmin):
         except FleetshardError as exc:
             self.message_user(request, exc.message, messages.ERROR)
         else:
+            audit(request, list(queryset), f"unlocked {_listed('host', hostnames)}")
             self.message_user(request, f"unlocked {_listed('host', hostnames)}", messages.SUCCESS)
 
     @admin.action(description="Add a label to selected hosts…", permissions=["change"])
@@ -310,6 +325,7 @@ class HostAdmin(ServiceAdmin):
             request,
             queryset,
             title="Delete hosts",
+            flag=DELETION,
             apply=apply,
             submit="Yes, delete them",
             intro="A host with an active job cannot be deleted: abort the job first.",
@@ -405,6 +421,7 @@ class ShardAdmin(ServiceAdmin):
     def create(self, request: HttpRequest, form: forms.Form) -> HttpResponse:
         data = form.cleaned_data
         shard, raw = services.create_shard(data["hostname"].strip(), [label.name for label in data["labels"]])
+        audit(request, [shard], "created with a heartbeat token", ADDITION)
         return self.token_page(request, f"Shard {shard.hostname} created", raw, shard=shard)
 
     @admin.action(description="Add labels to the selected shard…", permissions=["change"])
@@ -452,6 +469,7 @@ class ShardAdmin(ServiceAdmin):
             request,
             queryset,
             title="Delete shards",
+            flag=DELETION,
             apply=apply,
             submit="Yes, delete them",
             intro="Their labels and hosts are unassigned, their tokens revoked, and their active jobs end Aborted.",
@@ -615,12 +633,14 @@ class TokenAdmin(ServiceAdmin):
         if data["kind"] == TokenCreateForm.SHARD:
             shard = services.get_shard(data["shard"].hostname)
             token, raw = issue_token(shard=shard, description=data["description"] or f"heartbeat token of {shard}")
+            audit(request, [token], "created", ADDITION)
             return self.token_page(request, f"New token for shard {shard}", raw, shard=shard, token_obj=token)
         if data["admin"] and not request.user.is_superuser:  # type: ignore[union-attr]
             raise FleetshardError("only a superuser can create an admin token", field="admin")
         token, raw = services.create_personal_token(
             data["username"], admin=data["admin"], description=data["description"]
         )
+        audit(request, [token], "created" + (" (admin)" if data["admin"] else ""), ADDITION)
         return self.token_page(request, f"New token for {data['username']}", raw, token_obj=token)
 
     @admin.action(description="Revoke selected tokens", permissions=["change"])
@@ -636,6 +656,7 @@ class TokenAdmin(ServiceAdmin):
             request,
             queryset,
             title="Revoke tokens",
+            flag=DELETION,
             apply=apply,
             submit="Yes, revoke them",
             intro="Clients using them are refused from now on; a shard needs a new token to heartbeat.",

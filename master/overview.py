@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.contrib import admin
 from django.db.models import Count, IntegerField, Model, OuterRef, Q, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponse
@@ -115,8 +116,6 @@ def fleet_snapshot(now: datetime | None = None) -> Snapshot:
 
 def fleet_overview(request: HttpRequest) -> HttpResponse:
     """Staff only (the URLconf wraps it in the admin site's login check)."""
-    from django.contrib import admin
-
     snapshot = fleet_snapshot()
     context = {
         **admin.site.each_context(request),

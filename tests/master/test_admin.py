@@ -271,3 +271,24 @@ def test_admin_needs_staff(fleet):
     client.login(username="plain", password="pw")
     assert client.get(url("host")).status_code == 302
     assert client.get("/admin/fleet/").status_code == 302
+
+
+def test_actions_are_recorded_in_the_objects_history(fleet, staff):
+    run_action(staff, "host", "lock_hosts", [host("a1").id], reason="bad battery")
+    page = staff.get(url("host", f"{host('a1').id}/history")).content.decode()
+    assert "locked host a1: bad battery" in page and "op" in page
+
+
+def test_view_only_staff_sees_no_actions_and_cannot_run_them(fleet):
+    from django.contrib.auth.models import Permission
+
+    viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.set(Permission.objects.filter(codename__startswith="view_"))
+    client = Client()
+    client.force_login(viewer)
+    page = client.get(url("host")).content.decode()
+    assert 'name="action"' not in page and 'href="/admin/common/host/add/"' not in page
+    client.post(url("host"), {"action": "lock_hosts", ACTION_CHECKBOX_NAME: [host("a1").id], "fs_apply": "yes"})
+    assert not host("a1").locked
+    assert client.get(url("host", "add")).status_code == 403
+    assert client.get("/admin/fleet/").status_code == 200
