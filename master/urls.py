@@ -5,7 +5,7 @@ from master.overview import fleet_overview
 from master.views import heartbeat
 
 urlpatterns = [
-    path("api/v1/heartbeat", heartbeat, name="heartbeat"),
     path("admin/fleet/", admin.site.admin_view(fleet_overview), name="fleet-overview"),
+    path("api/v1/heartbeat", heartbeat, name="heartbeat"),
     path("admin/", admin.site.urls),
 ]
