@@ -61,8 +61,12 @@ def age(moment: datetime | None, now: datetime | None = None) -> str:
     return f"{seconds} s ago"
 
 
+# The executor's log of a run, in the run's results directory (other *.log files are a fallback).
+RUN_LOG = "job.log"
+
+
 def log_tail_of(log_tail: str, results_dir: str, *, active: bool) -> str:
-    """The uploaded tail of a finished run, or for a running one the live tail of its newest log file.
+    """The uploaded tail of a finished run, or for a running one the live tail of its log file.
 
     The executor writes stdout and stderr to a log file in the results directory while the job runs;
     the tail is stored on the HQE only at the end, so the running case reads the file.
@@ -71,10 +75,13 @@ def log_tail_of(log_tail: str, results_dir: str, *, active: bool) -> str:
         return log_tail
     directory = Path(results_dir)
     try:
-        logs = sorted(directory.glob("*.log"), key=lambda p: p.stat().st_mtime)
-        if not logs:
-            return ""
-        with logs[-1].open("rb") as fh:
+        log = directory / RUN_LOG
+        if not log.is_file():
+            logs = sorted(directory.glob("*.log"), key=lambda p: p.stat().st_mtime)
+            if not logs:
+                return ""
+            log = logs[-1]
+        with log.open("rb") as fh:
             fh.seek(0, 2)
             size = fh.tell()
             fh.seek(max(0, size - LOG_TAIL_BYTES))

@@ -289,11 +289,13 @@ def test_abort_a_queued_job_reaches_the_shard(world: World, page: Any) -> None:
     not HAS_SCHEDULER,
     reason="needs the shard scheduler and executor (shard/scheduler.py, branch sched): until then no job runs",
 )
-def test_abort_a_running_job_reaches_the_shard(world: World, page: Any) -> None:
+def test_abort_a_running_job_reaches_the_shard(world: World, page: Any, shard_admin: str, chromium: Any) -> None:
+    from playwright.sync_api import expect
+
     job_id = world.master_value(
         "from master import services\n"
         "result = services.create_job(services.JobRequest(name='ui-long-run', owner='ana', "
-        "command='sleep 600', hosts=['sunfish-03'])).id"
+        "command='echo flashing build R120; sleep 600', hosts=['sunfish-03'])).id"
     )
     wait_until(
         lambda: hqe_statuses(world, job_id) == ["Running"],
@@ -301,6 +303,18 @@ def test_abort_a_running_job_reaches_the_shard(world: World, page: Any) -> None:
         interval=1,
         what="the shard to run the job and report it Running",
     )
+    # The lab's operator sees the run and its live log tail in the shard's own admin (its own
+    # browser context: both servers are on 127.0.0.1, and cookies do not tell ports apart).
+    lab = chromium.new_context(viewport={"width": 1280, "height": 860})
+    lab.set_default_timeout(20_000)
+    try:
+        lab_page = lab.new_page()
+        login(lab_page, shard_admin, "/admin/common/hostqueueentry/?activity=active")
+        running = lab_page.locator("#result_list tr", has_text="ui-long-run")
+        expect(running.locator(".field-status_badge")).to_have_text("Running")
+        expect(running.locator(".field-log_lines")).to_contain_text("flashing build R120")
+    finally:
+        lab.close()
     abort_job_in_browser(world, page, "ui-long-run", job_id)
     wait_until(
         lambda: hqe_statuses(world, job_id) == ["Aborted"],
