@@ -630,13 +630,20 @@ class TokenAdmin(ServiceAdmin):
 
     def create(self, request: HttpRequest, form: forms.Form) -> HttpResponse:
         data = form.cleaned_data
+        user = request.user
         if data["kind"] == TokenCreateForm.SHARD:
+            # A shard token speaks for the shard: whoever holds it can report its results.
+            if not user.has_perm("common.change_shard"):
+                raise FleetshardError("creating a shard token needs the permission to change shards", field="shard")
             shard = services.get_shard(data["shard"].hostname)
             token, raw = issue_token(shard=shard, description=data["description"] or f"heartbeat token of {shard}")
             audit(request, [token], "created", ADDITION)
             return self.token_page(request, f"New token for shard {shard}", raw, shard=shard, token_obj=token)
-        if data["admin"] and not request.user.is_superuser:  # type: ignore[union-attr]
+        # A token acts as its user: only a superuser may mint one for someone else or for an admin.
+        if data["admin"] and not user.is_superuser:
             raise FleetshardError("only a superuser can create an admin token", field="admin")
+        if data["username"] != user.get_username() and not user.is_superuser:
+            raise FleetshardError("only a superuser can create a token for another user", field="username")
         token, raw = services.create_personal_token(
             data["username"], admin=data["admin"], description=data["description"]
         )

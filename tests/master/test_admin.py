@@ -252,16 +252,25 @@ def test_shard_token_for_an_existing_shard(fleet, staff, heartbeat):
     assert "a shard token needs a shard" in resp.content.decode()
 
 
-def test_only_a_superuser_creates_admin_tokens(db):
+def test_staff_without_superuser_only_create_their_own_plain_tokens(fleet):
     user = User.objects.create_user("staffer", password="pw", is_staff=True)
     from django.contrib.auth.models import Permission
 
     user.user_permissions.set(Permission.objects.filter(codename__in=["add_token", "view_token", "change_token"]))
     client = Client()
     client.force_login(user)
-    resp = client.post(url("token", "add"), {"kind": "personal", "username": "mallory", "admin": "on"})
+    resp = client.post(url("token", "add"), {"kind": "personal", "username": "staffer", "admin": "on"})
     assert "only a superuser can create an admin token" in resp.content.decode()
-    assert not User.objects.filter(username="mallory").exists()
+    User.objects.create_superuser("root", "r@example.com", "pw")
+    resp = client.post(url("token", "add"), {"kind": "personal", "username": "root"})
+    assert "only a superuser can create a token for another user" in resp.content.decode()
+    resp = client.post(url("token", "add"), {"kind": "shard", "shard": "lab1"})
+    assert "creating a shard token needs the permission to change shards" in resp.content.decode()
+    assert not Token.objects.filter(user__username__in=["staffer", "root"]).exists()
+    assert Token.objects.filter(shard__hostname="lab1").count() == 1
+    resp = client.post(url("token", "add"), {"kind": "personal", "username": "staffer"})
+    raw = re.search(r'<code id="fs-token"[^>]*>([^<]+)</code>', resp.content.decode()).group(1)
+    assert find_token(raw).user == user and not User.objects.get(username="staffer").is_superuser
 
 
 def test_admin_needs_staff(fleet):
