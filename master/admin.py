@@ -138,13 +138,16 @@ class ServiceAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return self.add_form is not None and super().has_add_permission(request)
 
+    def add_initial(self, request: HttpRequest) -> dict[str, Any]:
+        return {}
+
     def create(self, request: HttpRequest, form: forms.Form) -> HttpResponse:
         raise NotImplementedError
 
     def add_view(self, request: HttpRequest, form_url: str = "", extra_context: dict[str, Any] | None = None) -> Any:
         if not self.has_add_permission(request) or self.add_form is None:
             raise PermissionDenied
-        form = self.add_form(request.POST if request.method == "POST" else None)
+        form = self.add_form(request.POST if request.method == "POST" else None, initial=self.add_initial(request))
         if request.method == "POST" and form.is_valid():
             try:
                 return self.create(request, form)
@@ -542,7 +545,7 @@ class JobAdmin(ServiceAdmin):
         "status_badge",
         "shard",
         "priority",
-        "command",
+        "command_shown",
         "dependency_label_list",
         "keyvals",
         "parent",
@@ -566,6 +569,10 @@ class JobAdmin(ServiceAdmin):
     @admin.display(description="HQEs", ordering="hqe_count")
     def hqe_count(self, obj: Job) -> int:
         return obj.hqe_count  # type: ignore[attr-defined]
+
+    @admin.display(description="command")
+    def command_shown(self, obj: Job) -> SafeString:
+        return pre(obj.command)
 
     @admin.display(description="dependency labels")
     def dependency_label_list(self, obj: Job) -> str:
@@ -619,6 +626,9 @@ class TokenAdmin(ServiceAdmin):
     actions = ["revoke_tokens"]
     add_form = TokenCreateForm
     add_submit = "Create token"
+
+    def add_initial(self, request: HttpRequest) -> dict[str, Any]:
+        return {"username": request.user.get_username()}
 
     @admin.display(description="token", ordering="prefix")
     def prefix_shown(self, obj: Token) -> str:
