@@ -285,6 +285,8 @@ def test_abort_a_queued_job_reaches_the_shard(world: World, page: Any) -> None:
     expect(page.locator(".form-row.field-status_badge .readonly")).to_have_text("Aborted")
 
 
+# Needs a shard that runs jobs: it runs as soon as shard/scheduler.py (branch sched) is merged, and
+# passed against a local merge of admin, main, sched and api.
 @pytest.mark.skipif(
     not HAS_SCHEDULER,
     reason="needs the shard scheduler and executor (shard/scheduler.py, branch sched): until then no job runs",
