@@ -1,6 +1,7 @@
-from django.contrib import admin
 from django.urls import path
 
+from shard.admin import shard_site
+
 urlpatterns = [
-    path("admin/", admin.site.urls),
+    path("admin/", shard_site.urls),
 ]

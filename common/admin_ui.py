@@ -1,0 +1,103 @@
+"""Display helpers shared by the master's and the shard's admin: status badges, ages, log tails.
+
+They only format values already loaded, so a changelist column built on them never queries.
+"""
+
+from datetime import datetime
+from pathlib import Path
+
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+from common.constants import LOG_TAIL_BYTES, HostStatus, HQEStatus, JobStatus
+
+# One color per status word, chosen so the eye finds trouble (red, orange) first.
+_COLORS: dict[str, str] = {
+    HostStatus.READY: "#2e7d32",
+    HostStatus.RUNNING: "#1565c0",
+    HostStatus.CLEANING: "#00838f",
+    HostStatus.REPAIRING: "#ef6c00",
+    HostStatus.REPAIR_FAILED: "#c62828",
+    HQEStatus.QUEUED: "#616161",
+    HQEStatus.STARTING: "#5e35b1",
+    JobStatus.COMPLETED: "#2e7d32",
+    JobStatus.FAILED: "#c62828",
+    JobStatus.ABORTED: "#6d4c41",
+    JobStatus.EXPIRED: "#ad1457",
+    "online": "#2e7d32",
+    "offline": "#c62828",
+    "locked": "#f9a825",
+}
+
+
+def color_of(word: str) -> str:
+    return _COLORS.get(word, "#455a64")
+
+
+def badge(text: str, color: str | None = None, title: str = "") -> SafeString:
+    """A small colored label; the text stays visible so color is never the only signal."""
+    return format_html(
+        '<span class="fs-badge" title="{}" style="display:inline-block;padding:1px 7px;border-radius:9px;'
+        'font-size:11px;font-weight:600;line-height:16px;color:#fff;background:{};white-space:nowrap">{}</span>',
+        title,
+        color or color_of(text),
+        text,
+    )
+
+
+def status_badge(status: str) -> SafeString:
+    return badge(status) if status else format_html("{}", "-")
+
+
+def age(moment: datetime | None, now: datetime | None = None) -> str:
+    """'12 s ago', '5 min ago', '3 h ago', '2 d ago' or 'never': short enough for a table cell."""
+    if moment is None:
+        return "never"
+    seconds = max(0, int(((now or timezone.now()) - moment).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds // size} {unit} ago"
+    return f"{seconds} s ago"
+
+
+# The executor's log of a run, in the run's results directory (other *.log files are a fallback).
+RUN_LOG = "job.log"
+
+
+def log_tail_of(log_tail: str, results_dir: str, *, active: bool) -> str:
+    """The uploaded tail of a finished run, or for a running one the live tail of its log file.
+
+    The executor writes stdout and stderr to a log file in the results directory while the job runs;
+    the tail is stored on the HQE only at the end, so the running case reads the file.
+    """
+    if log_tail or not active or not results_dir:
+        return log_tail
+    directory = Path(results_dir)
+    try:
+        log = directory / RUN_LOG
+        if not log.is_file():
+            logs = sorted(directory.glob("*.log"), key=lambda p: p.stat().st_mtime)
+            if not logs:
+                return ""
+            log = logs[-1]
+        with log.open("rb") as fh:
+            fh.seek(0, 2)
+            size = fh.tell()
+            fh.seek(max(0, size - LOG_TAIL_BYTES))
+            return fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def pre(text: str, *, lines: int | None = None) -> SafeString:
+    """Preformatted text for a log; `lines` keeps only the last few for a changelist cell."""
+    if lines is not None:
+        text = "\n".join(text.rstrip("\n").splitlines()[-lines:])
+    if not text:
+        return format_html("{}", "-")
+    return format_html(
+        '<pre class="fs-log" style="margin:0;max-width:60em;max-height:30em;overflow:auto;'
+        'white-space:pre-wrap;font-size:11px">{}</pre>',
+        text,
+    )

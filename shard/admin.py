@@ -1,0 +1,282 @@
+"""The shard's admin: a lab operator's view of the shard's own database, served by shard/urls.py.
+
+It is a separate AdminSite so that master and shard admins never share registrations: both apps are
+installed in both roles and Django imports every app's admin module. Everything is read-only here.
+Master-owned data (labels, host config, jobs) changes only on the master and arrives by heartbeat;
+execution state changes only through the scheduler and executors, which queue each change for the
+master in the same transaction, so an edit made here would be lost or would split the two sides.
+"""
+
+from typing import Any
+
+from django.conf import settings
+from django.contrib import admin
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.models import Group, User
+from django.db.models import Count, QuerySet
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.utils import timezone
+from django.utils.safestring import SafeString
+
+from common.admin_ui import age, badge, color_of, log_tail_of, pre, status_badge
+from common.constants import HostStatus, HQEStatus
+from common.models import DeadLetter, Host, HostQueueEntry, Job, Label, OutboxEntry, ShardState
+
+
+class ShardAdminSite(admin.AdminSite):
+    site_header = "fleetshard shard"
+    site_title = "fleetshard shard"
+    index_title = "This lab's shard"
+    index_template = "shard/admin/index.html"
+    site_url = None  # a shard serves no site besides this admin
+
+    def each_context(self, request: HttpRequest) -> dict[str, Any]:
+        context = super().each_context(request)
+        name = settings.FLEETSHARD_SHARD_HOSTNAME
+        if name:
+            context["site_header"] = f"fleetshard shard {name}"
+        return context
+
+    def index(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> TemplateResponse:
+        return super().index(request, {**summary(), **(extra_context or {})})
+
+
+shard_site = ShardAdminSite(name="shard_admin")
+
+
+def summary() -> dict[str, Any]:
+    """What a lab operator checks first; a fixed handful of queries."""
+    hosts = dict(Host.objects.order_by().values_list("status").annotate(n=Count("id")))
+    hqes = dict(
+        HostQueueEntry.objects.filter(status__in=HQEStatus.ACTIVE)
+        .order_by()
+        .values_list("status")
+        .annotate(n=Count("id"))
+    )
+    state = ShardState.objects.first()
+    return {
+        "shard_hostname": settings.FLEETSHARD_SHARD_HOSTNAME or "(FLEETSHARD_SHARD_HOSTNAME is not set)",
+        "master_url": settings.FLEETSHARD_MASTER_URL,
+        "last_heartbeat_ok": age(state.last_heartbeat_ok) if state and state.last_heartbeat_ok else "",
+        "host_badges": [badge(f"{hosts[s]} {s}", color_of(s)) for s in HostStatus.ALL if s in hosts],
+        "hosts_total": sum(hosts.values()),
+        "hosts_locked": Host.objects.filter(locked=True).count(),
+        "hqe_counts": [(s, hqes.get(s, 0)) for s in HQEStatus.ACTIVE],
+        "outbox_count": OutboxEntry.objects.count(),
+        "dead_letter_count": DeadLetter.objects.count(),
+    }
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class ReadOnlyInline(admin.TabularInline):
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+def _log(hqe: HostQueueEntry, lines: int | None) -> SafeString:
+    return pre(log_tail_of(hqe.log_tail, hqe.results_dir, active=hqe.is_active), lines=lines)
+
+
+@admin.register(Host, site=shard_site)
+class HostAdmin(ReadOnlyAdmin):
+    list_display = ["hostname", "status_badge", "locked_badge", "lock_reason", "label_list", "retired", "version"]
+    list_filter = ["status", "locked", "labels", "retired"]
+    search_fields = ["hostname"]
+    fields = ["hostname", "status_badge", "label_list", "locked", "lock_reason", "attributes", "retired", "version"]
+    readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Host]:
+        return super().get_queryset(request).prefetch_related("labels")
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, obj: Host) -> SafeString:
+        return status_badge(obj.status)
+
+    @admin.display(description="locked", ordering="locked")
+    def locked_badge(self, obj: Host) -> SafeString | str:
+        return badge("locked", title=obj.lock_reason) if obj.locked else ""
+
+    @admin.display(description="labels")
+    def label_list(self, obj: Host) -> str:
+        return ", ".join(label.name for label in obj.labels.all())
+
+
+class ActiveFilter(admin.SimpleListFilter):
+    title = "activity"
+    parameter_name = "activity"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return [("active", "queued, starting or running"), ("finished", "finished")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "active":
+            return queryset.filter(status__in=HQEStatus.ACTIVE)
+        if self.value() == "finished":
+            return queryset.filter(status__in=HQEStatus.TERMINAL)
+        return queryset
+
+
+@admin.register(HostQueueEntry, site=shard_site)
+class HQEAdmin(ReadOnlyAdmin):
+    list_display = ["id", "job", "host", "meta_host", "status_badge", "failure", "started_on", "runtime", "log_lines"]
+    list_filter = [ActiveFilter, "status", "failure"]
+    search_fields = ["job__name", "host__hostname"]
+    list_select_related = ["job", "host", "meta_host"]
+    fields = [
+        "id",
+        "job",
+        "host",
+        "meta_host",
+        "status_badge",
+        "failure",
+        "exit_code",
+        "started_on",
+        "finished_on",
+        "runtime",
+        "results_dir",
+        "pid",
+        "full_log",
+    ]
+    readonly_fields = fields
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, obj: HostQueueEntry) -> SafeString:
+        return status_badge(obj.status)
+
+    @admin.display(description="run time")
+    def runtime(self, obj: HostQueueEntry) -> str:
+        if obj.started_on is None:
+            return "-"
+        seconds = int(((obj.finished_on or timezone.now()) - obj.started_on).total_seconds())
+        return f"{seconds // 60} min {seconds % 60} s"
+
+    @admin.display(description="log tail (last lines)")
+    def log_lines(self, obj: HostQueueEntry) -> SafeString:
+        return _log(obj, lines=6)
+
+    @admin.display(description="log tail")
+    def full_log(self, obj: HostQueueEntry) -> SafeString:
+        return _log(obj, lines=None)
+
+
+class HQEInline(ReadOnlyInline):
+    model = HostQueueEntry
+    fields = ["id", "host", "meta_host", "status_badge", "failure", "exit_code", "started_on", "finished_on", "log"]
+    readonly_fields = fields
+    show_change_link = True
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[HostQueueEntry]:
+        return super().get_queryset(request).select_related("host", "meta_host")
+
+    @admin.display(description="status")
+    def status_badge(self, obj: HostQueueEntry) -> SafeString:
+        return status_badge(obj.status)
+
+    @admin.display(description="log tail")
+    def log(self, obj: HostQueueEntry) -> SafeString:
+        return _log(obj, lines=40)
+
+
+@admin.register(Job, site=shard_site)
+class JobAdmin(ReadOnlyAdmin):
+    list_display = ["id", "name", "owner", "priority", "status_badge", "hqe_count", "aborted", "created_on"]
+    list_display_links = ["id", "name"]
+    list_filter = ["status", "aborted"]
+    search_fields = ["name", "owner"]
+    ordering = ["-priority", "created_on", "id"]
+    fields = [
+        "id",
+        "name",
+        "owner",
+        "status_badge",
+        "priority",
+        "command",
+        "keyvals",
+        "suite_keyvals",
+        "parent_id",
+        "timeout_mins",
+        "max_runtime_mins",
+        "aborted",
+        "version",
+        "created_on",
+    ]
+    readonly_fields = fields
+    inlines = [HQEInline]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
+        return super().get_queryset(request).annotate(hqe_count=Count("hqes"))
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, obj: Job) -> SafeString:
+        return status_badge(obj.status)
+
+    @admin.display(description="HQEs", ordering="hqe_count")
+    def hqe_count(self, obj: Job) -> int:
+        return obj.hqe_count  # type: ignore[attr-defined]
+
+
+@admin.register(Label, site=shard_site)
+class LabelAdmin(ReadOnlyAdmin):
+    list_display = ["name", "hosts_total"]
+    search_fields = ["name"]
+    fields = ["name"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Label]:
+        return super().get_queryset(request).annotate(hosts_total=Count("hosts"))
+
+    @admin.display(description="hosts", ordering="hosts_total")
+    def hosts_total(self, obj: Label) -> int:
+        return obj.hosts_total  # type: ignore[attr-defined]
+
+
+@admin.register(OutboxEntry, site=shard_site)
+class OutboxAdmin(ReadOnlyAdmin):
+    list_display = ["seq", "hqe_id", "job_id", "update_status", "created_on", "waiting"]
+    search_fields = ["=hqe_id", "=job_id"]
+    fields = ["seq", "hqe_id", "job_id", "update_status", "created_on", "payload"]
+    readonly_fields = fields
+
+    @admin.display(description="status")
+    def update_status(self, obj: OutboxEntry) -> SafeString:
+        return status_badge(str(obj.payload.get("status", "")))
+
+    @admin.display(description="waiting since")
+    def waiting(self, obj: OutboxEntry) -> str:
+        return age(obj.created_on)
+
+
+@admin.register(DeadLetter, site=shard_site)
+class DeadLetterAdmin(ReadOnlyAdmin):
+    list_display = ["seq", "hqe_id", "job_id", "update_status", "error", "created_on"]
+    search_fields = ["=hqe_id", "=job_id", "error"]
+    fields = ["seq", "hqe_id", "job_id", "update_status", "error", "created_on", "payload"]
+    readonly_fields = fields
+
+    @admin.display(description="status")
+    def update_status(self, obj: DeadLetter) -> SafeString:
+        return status_badge(str(obj.payload.get("status", "")))
+
+
+# Accounts are the shard's own: its operators log in here, not on the master.
+shard_site.register(User, UserAdmin)
+shard_site.register(Group, GroupAdmin)

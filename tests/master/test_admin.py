@@ -1,0 +1,303 @@
+"""The master's admin: pages, actions through the services, add pages, tokens, read-only objects."""
+
+import re
+from typing import Any
+
+import pytest
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.auth.models import User
+from django.contrib.messages import get_messages
+from django.test import Client
+
+from common.models import Host, Job, Label, Shard, Token
+from common.tokens import digest_of, find_token
+from master import services
+
+
+def host(name: str) -> Host:
+    return Host.objects.get(hostname=name)
+
+
+def url(model: str, view: str = "changelist") -> str:
+    return f"/admin/common/{model}/" + ("" if view == "changelist" else f"{view}/")
+
+
+def messages_of(resp: Any) -> list[str]:
+    return [str(m) for m in get_messages(resp.wsgi_request)]
+
+
+def run_action(client: Client, model: str, action: str, ids: list[int], **fields: str) -> Any:
+    """Picks an action on the changelist, then submits its intermediate form (if any) with `fields`."""
+    data: dict[str, Any] = {"action": action, ACTION_CHECKBOX_NAME: [str(i) for i in ids], "index": "0"}
+    first = client.post(url(model), data)
+    if first.status_code != 200:
+        return client.get(first.url) if first.status_code == 302 else first
+    assert "fs-action-form" in first.content.decode(), first.content.decode()[:2000]
+    form = {**data, "fs_apply": "yes", **{f"fs-{k}": v for k, v in fields.items()}}
+    resp = client.post(url(model), form, follow=True)
+    assert resp.status_code == 200
+    return resp
+
+
+@pytest.fixture
+def staff(db: None) -> Client:
+    user = User.objects.create_superuser("op", "op@example.com", "pw")
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.mark.parametrize("model", ["label", "host", "shard", "job", "token"])
+def test_changelists_and_add_pages_render(fleet, staff, model):
+    fleet.job()
+    resp = staff.get(url(model))
+    assert resp.status_code == 200
+    resp = staff.get(url(model, "add"))
+    assert resp.status_code == (403 if model == "job" else 200)
+
+
+def test_host_list_shows_status_badges_labels_and_filters(fleet, staff):
+    services.lock_hosts(["a2"], "flaky usb")
+    page = staff.get(url("host")).content.decode()
+    assert 'class="fs-badge"' in page and ">Ready</span>" in page
+    assert "flaky usb" in page and "board:a, wifi" in page
+    for param in ("status__exact=Ready", "locked__exact=1", "labels__id__exact=", "shard__id__exact="):
+        assert param in page
+    locked = staff.get(url("host") + "?locked__exact=1").context["cl"]
+    assert [h.hostname for h in locked.result_list] == ["a2"]
+    searched = staff.get(url("host") + "?q=b1").context["cl"]
+    assert [h.hostname for h in searched.result_list] == ["b1"]
+    by_label = staff.get(url("host") + f"?labels__id__exact={Label.objects.get(name='wifi').id}").context["cl"]
+    assert sorted(h.hostname for h in by_label.result_list) == ["a1", "a2", "b1"]
+
+
+def test_job_list_filters_by_status_shard_and_label_and_searches_names(fleet, staff):
+    fleet.job("smoke")
+    fleet.job("perf", meta_hosts=[("board:b", 1)])
+    by_shard = staff.get(url("job") + f"?shard__id__exact={fleet.lab2.id}").context["cl"]
+    assert [j.name for j in by_shard.result_list] == ["perf"]
+    by_label = staff.get(url("job") + "?label=board:a").context["cl"]
+    assert [j.name for j in by_label.result_list] == ["smoke"]
+    assert [j.name for j in staff.get(url("job") + "?q=perf").context["cl"].result_list] == ["perf"]
+    assert staff.get(url("job") + "?status__exact=Running").context["cl"].result_count == 0
+
+
+def test_job_page_shows_hqes_inline_read_only(fleet, staff):
+    job = fleet.job(meta_hosts=[("board:a", 2)])
+    page = staff.get(url("job", f"{job.id}/change")).content.decode()
+    assert page.count("Queued</span>") >= 2
+    assert 'name="_save"' not in page and "hqes-TOTAL_FORMS" in page
+    assert staff.post(url("job", f"{job.id}/change"), {"name": "renamed"}).status_code == 403
+    assert Job.objects.get(id=job.id).name == "smoke"
+
+
+def test_object_pages_are_read_only(fleet, staff):
+    page = staff.get(url("host", f"{host('a1').id}/change")).content.decode()
+    form = page.split('id="content-main"')[1].split("</form>")[0]
+    assert 'name="_save"' not in page and not re.search(r'<(input(?! type="hidden")|select|textarea)', form)
+    assert staff.post(url("host", f"{host('a1').id}/change"), {"locked": "on"}).status_code == 403
+    assert not host("a1").locked
+    assert staff.get(url("host", f"{host('a1').id}/delete")).status_code == 403
+
+
+def test_lock_action_asks_for_a_reason_and_locks_through_the_service(fleet, staff):
+    v1, v2 = host("a1").version, host("b1").version
+    first = staff.post(url("host"), {"action": "lock_hosts", ACTION_CHECKBOX_NAME: [host("a1").id, host("b1").id]})
+    assert first.status_code == 200
+    page = first.content.decode()
+    assert 'name="fs-reason"' in page and "a1" in page and "b1" in page
+    assert not host("a1").locked
+    resp = run_action(staff, "host", "lock_hosts", [host("a1").id, host("b1").id], reason="rack 4 power work")
+    assert "locked hosts a1, b1: rack 4 power work" in messages_of(resp)
+    for name, version in (("a1", v1), ("b1", v2)):
+        h = host(name)
+        assert h.locked and h.lock_reason == "rack 4 power work" and h.version == version + 1
+
+
+def test_unlock_action(fleet, staff):
+    services.lock_hosts(["a1"], "x")
+    resp = run_action(staff, "host", "unlock_hosts", [host("a1").id])
+    assert "unlocked host a1" in messages_of(resp)
+    assert not host("a1").locked and host("a1").lock_reason == ""
+
+
+def test_adding_a_label_owned_by_another_shard_shows_the_service_error_and_changes_nothing(fleet, staff):
+    resp = run_action(staff, "shard", "add_labels", [fleet.lab2.id], labels="board:a")
+    assert messages_of(resp) == ["label board:a already belongs to shard lab1"]
+    assert Label.objects.get(name="board:a").shard == fleet.lab1
+    assert host("a1").shard == fleet.lab1
+
+
+def test_shard_label_actions(fleet, staff):
+    resp = run_action(staff, "shard", "add_labels", [fleet.lab2.id], labels="board:c")
+    assert "shard lab2 now owns label board:c" in messages_of(resp)
+    assert host("c1").shard == fleet.lab2
+    resp = run_action(staff, "shard", "remove_label", [fleet.lab2.id], label="board:c")
+    assert "removed label board:c from shard lab2" in messages_of(resp)
+    assert host("c1").shard is None
+
+
+def test_shard_actions_need_exactly_one_shard(fleet, staff):
+    resp = run_action(staff, "shard", "add_labels", [fleet.lab1.id, fleet.lab2.id])
+    assert messages_of(resp) == ["select exactly one shard for this action"]
+
+
+def test_host_label_action_refuses_two_shards_with_the_service_message(fleet, staff):
+    resp = run_action(staff, "host", "add_label", [host("a1").id], label="board:b")
+    assert messages_of(resp) == [
+        "host a1 would have labels of two shards: board:a (shard lab1) and board:b (shard lab2)"
+    ]
+    assert sorted(host("a1").labels.values_list("name", flat=True)) == ["board:a", "wifi"]
+    resp = run_action(staff, "host", "add_label", [host("c1").id], label="pool:x")
+    assert "added label pool:x to host c1" in messages_of(resp)
+    resp = run_action(staff, "host", "remove_label", [host("c1").id], label="pool:x")
+    assert "removed label pool:x from host c1" in messages_of(resp)
+
+
+def test_abort_action_aborts_through_the_service_and_refuses_finished_jobs(fleet, staff):
+    job = fleet.job()
+    resp = run_action(staff, "job", "abort_jobs", [job.id])
+    assert any(m.startswith(f"aborting job {job.id}") for m in messages_of(resp))
+    job.refresh_from_db()
+    assert job.aborted and job.version == 2
+    services.delete_shards(["lab1"])  # ends the job Aborted
+    resp = run_action(staff, "job", "abort_jobs", [job.id])
+    assert messages_of(resp) == [f"job {job.id} (Aborted) already finished"]
+
+
+def test_delete_actions_go_through_the_services(fleet, staff):
+    job = fleet.job(meta_hosts=[], hosts=["a1"])
+    by_label = fleet.job()
+    resp = run_action(staff, "host", "delete_hosts", [host("a1").id])
+    assert messages_of(resp) == [f"host a1 has active job {job.id}; abort it first"]
+    assert Host.objects.filter(hostname="a1").exists()
+    resp = run_action(staff, "host", "delete_hosts", [host("c1").id])
+    assert "deleted host c1" in messages_of(resp)
+    resp = run_action(staff, "label", "delete_labels", [Label.objects.get(name="board:a").id])
+    assert messages_of(resp) == [f"label board:a is used by active jobs {by_label.id}"]
+    resp = run_action(staff, "shard", "delete_shards", [fleet.lab2.id])
+    assert "deleted shard lab2" in messages_of(resp)
+    assert not Shard.objects.filter(hostname="lab2").exists() and host("b1").shard is None
+
+
+def test_add_host_goes_through_the_service_and_shows_its_errors(fleet, staff):
+    resp = staff.post(
+        url("host", "add"),
+        {
+            "hostnames": "n1, n2",
+            "labels": ["board:b"],
+            "attributes": "serial=X1\n",
+            "locked": "on",
+            "lock_reason": "new",
+        },
+        follow=True,
+    )
+    assert "created hosts n1, n2" in messages_of(resp)
+    n1 = host("n1")
+    assert n1.shard == fleet.lab2 and n1.attributes == {"serial": "X1"} and n1.locked and n1.lock_reason == "new"
+    resp = staff.post(url("host", "add"), {"hostnames": "n3", "labels": ["board:a", "board:b"]})
+    assert resp.status_code == 200
+    assert "host n3 would have labels of two shards" in resp.content.decode()
+    assert not Host.objects.filter(hostname="n3").exists()
+    resp = staff.post(url("host", "add"), {"hostnames": "n4", "attributes": "no-equals-sign"})
+    assert "line 1: &#x27;no-equals-sign&#x27; is not KEY=VALUE" in resp.content.decode()
+
+
+def test_add_label_goes_through_the_service(fleet, staff):
+    resp = staff.post(url("label", "add"), {"names": "os:android os:ios"}, follow=True)
+    assert "created labels os:android, os:ios" in messages_of(resp)
+    resp = staff.post(url("label", "add"), {"names": "wifi"})
+    assert "label wifi already exists" in resp.content.decode()
+
+
+def test_label_list_shows_ready_of_total(fleet, staff, heartbeat):
+    heartbeat(fleet.lab1, fleet.token1, known_hosts=[{"id": host("a1").id, "version": 1, "status": "Repairing"}])
+    services.lock_hosts(["a2"])
+    rows = {label.name: label for label in staff.get(url("label")).context["cl"].result_list}
+    assert (rows["board:a"].hosts_ready, rows["board:a"].hosts_total) == (1, 3)
+    assert (rows["wifi"].hosts_ready, rows["wifi"].hosts_total) == (1, 3)
+
+
+def test_create_shard_shows_its_token_once_and_stores_only_a_digest(db, staff, heartbeat):
+    services.create_labels(["board:z"])
+    resp = staff.post(url("shard", "add"), {"hostname": "lab9", "labels": ["board:z"]})
+    assert resp.status_code == 200 and "no-store" in resp["Cache-Control"]
+    raw = re.search(r'<code id="fs-token"[^>]*>([^<]+)</code>', resp.content.decode()).group(1)
+    shard = Shard.objects.get(hostname="lab9")
+    token = Token.objects.get(shard=shard)
+    assert token.digest == digest_of(raw) and raw not in (token.prefix, token.description)
+    assert Label.objects.get(name="board:z").shard == shard
+    heartbeat(shard, raw)  # the token shown is the shard's heartbeat credential
+    page = staff.get(url("token", f"{token.id}/change")).content.decode()
+    assert raw not in page and token.prefix in page
+    assert raw not in staff.get(url("token")).content.decode()
+
+
+def test_personal_token_and_revoke(db, staff):
+    resp = staff.post(url("token", "add"), {"kind": "personal", "username": "ana", "description": "ci"})
+    raw = re.search(r'<code id="fs-token"[^>]*>([^<]+)</code>', resp.content.decode()).group(1)
+    token = find_token(raw)
+    assert token is not None and token.user.username == "ana" and token.description == "ci"
+    resp = run_action(staff, "token", "revoke_tokens", [token.id])
+    assert "revoked 1 token" in messages_of(resp)
+    assert find_token(raw) is None
+
+
+def test_shard_token_for_an_existing_shard(fleet, staff, heartbeat):
+    resp = staff.post(url("token", "add"), {"kind": "shard", "shard": "lab2"})
+    raw = re.search(r'<code id="fs-token"[^>]*>([^<]+)</code>', resp.content.decode()).group(1)
+    assert find_token(raw).shard == fleet.lab2
+    heartbeat(fleet.lab2, raw)
+    resp = staff.post(url("token", "add"), {"kind": "shard"})
+    assert "a shard token needs a shard" in resp.content.decode()
+
+
+def test_staff_without_superuser_only_create_their_own_plain_tokens(fleet):
+    user = User.objects.create_user("staffer", password="pw", is_staff=True)
+    from django.contrib.auth.models import Permission
+
+    user.user_permissions.set(Permission.objects.filter(codename__in=["add_token", "view_token", "change_token"]))
+    client = Client()
+    client.force_login(user)
+    resp = client.post(url("token", "add"), {"kind": "personal", "username": "staffer", "admin": "on"})
+    assert "only a superuser can create an admin token" in resp.content.decode()
+    User.objects.create_superuser("root", "r@example.com", "pw")
+    resp = client.post(url("token", "add"), {"kind": "personal", "username": "root"})
+    assert "only a superuser can create a token for another user" in resp.content.decode()
+    resp = client.post(url("token", "add"), {"kind": "shard", "shard": "lab1"})
+    assert "creating a shard token needs the permission to change shards" in resp.content.decode()
+    assert not Token.objects.filter(user__username__in=["staffer", "root"]).exists()
+    assert Token.objects.filter(shard__hostname="lab1").count() == 1
+    resp = client.post(url("token", "add"), {"kind": "personal", "username": "staffer"})
+    raw = re.search(r'<code id="fs-token"[^>]*>([^<]+)</code>', resp.content.decode()).group(1)
+    assert find_token(raw).user == user and not User.objects.get(username="staffer").is_superuser
+
+
+def test_admin_needs_staff(fleet):
+    User.objects.create_user("plain", password="pw")
+    client = Client()
+    assert client.get(url("host")).status_code == 302
+    client.login(username="plain", password="pw")
+    assert client.get(url("host")).status_code == 302
+    assert client.get("/admin/fleet/").status_code == 302
+
+
+def test_actions_are_recorded_in_the_objects_history(fleet, staff):
+    run_action(staff, "host", "lock_hosts", [host("a1").id], reason="bad battery")
+    page = staff.get(url("host", f"{host('a1').id}/history")).content.decode()
+    assert "locked host a1: bad battery" in page and "op" in page
+
+
+def test_view_only_staff_sees_no_actions_and_cannot_run_them(fleet):
+    from django.contrib.auth.models import Permission
+
+    viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.set(Permission.objects.filter(codename__startswith="view_"))
+    client = Client()
+    client.force_login(viewer)
+    page = client.get(url("host")).content.decode()
+    assert 'name="action"' not in page and 'href="/admin/common/host/add/"' not in page
+    client.post(url("host"), {"action": "lock_hosts", ACTION_CHECKBOX_NAME: [host("a1").id], "fs_apply": "yes"})
+    assert not host("a1").locked
+    assert client.get(url("host", "add")).status_code == 403
+    assert client.get("/admin/fleet/").status_code == 200

@@ -1,0 +1,167 @@
+"""The shard's admin (shard/urls.py): the local queue, running HQEs and their logs, hosts, dead letters.
+
+The shard's database is built the way a shard builds it: by applying heartbeat responses and by
+HQE transitions, which queue their updates in the outbox.
+"""
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connection
+from django.test import Client, override_settings
+from django.test.utils import CaptureQueriesContext
+
+from common.constants import HQEStatus
+from common.models import DeadLetter, Host, HostQueueEntry, Job, OutboxEntry
+from shard.ingest import apply_response
+from shard.services import finish_hqe, transition_hqe
+
+pytestmark = pytest.mark.urls("shard.urls")
+
+
+def host_data(i: int, **kw: Any) -> dict[str, Any]:
+    return {
+        "id": i,
+        "version": 1,
+        "hostname": f"dut{i}",
+        "labels": ["board:pixel7"],
+        "locked": False,
+        "lock_reason": "",
+        "attributes": {},
+        **kw,
+    }
+
+
+def job_data(i: int, hqe_ids: list[int], **kw: Any) -> dict[str, Any]:
+    return {
+        "id": i,
+        "version": 1,
+        "name": f"job{i}",
+        "owner": "ana",
+        "priority": 40,
+        "command": "./run.sh",
+        "timeout_mins": 60,
+        "max_runtime_mins": 30,
+        "dependency_labels": [],
+        "keyvals": {},
+        "parent_id": None,
+        "aborted": False,
+        "created_on": "2026-11-22T09:59:00Z",
+        "hqes": [{"id": h, "host_id": None, "meta_host": "board:pixel7"} for h in hqe_ids],
+        **kw,
+    }
+
+
+@pytest.fixture
+def lab(db: None, tmp_path: Path) -> dict[str, Any]:
+    apply_response(
+        {
+            "hosts": [host_data(1), host_data(2, locked=True, lock_reason="cable swap"), host_data(3)],
+            "jobs": [job_data(10, [100]), job_data(11, [110]), job_data(12, [120, 121])],
+        }
+    )
+    results = tmp_path / "results-100"
+    results.mkdir()
+    (results / "job.log").write_text("".join(f"step {i}\n" for i in range(50)) + "still flashing the build\n")
+    transition_hqe(100, HQEStatus.RUNNING, host_id=1)
+    HostQueueEntry.objects.filter(id=100).update(results_dir=str(results))
+    Host.objects.filter(id=1).update(status="Running")
+    transition_hqe(110, HQEStatus.RUNNING, host_id=3)
+    finish_hqe(110, HQEStatus.FAILED, failure="test", exit_code=3, log_tail="assertion failed: screen is off\n")
+    Host.objects.filter(id=3).update(status="Repairing")
+    rejected = OutboxEntry.objects.filter(hqe_id=110).order_by("seq").first()
+    apply_response({"acks": [{"seq": rejected.seq, "result": "rejected", "error": "job 11 is not assigned to lab1"}]})
+    return {"results": results}
+
+
+@pytest.fixture
+def operator(db: None) -> Client:
+    client = Client()
+    client.force_login(User.objects.create_superuser("labop", "l@example.com", "pw"))
+    return client
+
+
+def test_index_summarises_the_shard(lab, operator):
+    with override_settings(FLEETSHARD_SHARD_HOSTNAME="lab1.example.com"):
+        page = operator.get("/admin/").content.decode()
+    assert "fleetshard shard lab1.example.com" in page
+    assert ">1 Ready</span>" in page and ">1 Running</span>" in page and ">1 Repairing</span>" in page
+    assert "2 queued, 0 starting, 1 running" in page
+    assert "1 update the master rejected" in page
+    assert f"{OutboxEntry.objects.count()} updates waiting" in page
+
+
+def test_running_hqes_show_their_live_log_tail(lab, operator):
+    page = operator.get("/admin/common/hostqueueentry/?activity=active").content.decode()
+    assert "still flashing the build" in page and "step 49" in page
+    assert "step 40" not in page  # the list keeps the last lines only
+    detail = operator.get("/admin/common/hostqueueentry/100/change/").content.decode()
+    assert "step 0\n" in detail and "still flashing the build" in detail
+
+
+def test_finished_hqes_show_the_uploaded_tail(lab, operator):
+    page = operator.get("/admin/common/hostqueueentry/?status__exact=Failed").content.decode()
+    assert "assertion failed: screen is off" in page and ">Failed</span>" in page
+    job = operator.get("/admin/common/job/11/change/").content.decode()
+    assert "assertion failed: screen is off" in job
+
+
+def test_local_queue_lists_jobs_by_priority(lab, operator):
+    Job.objects.filter(id=12).update(priority=70)
+    resp = operator.get("/admin/common/job/")
+    assert [j.id for j in resp.context["cl"].result_list] == [12, 10, 11]
+    assert ">Running</span>" in resp.content.decode()
+
+
+def test_hosts_show_statuses_and_locks(lab, operator):
+    page = operator.get("/admin/common/host/").content.decode()
+    assert ">Running</span>" in page and ">Repairing</span>" in page and "cable swap" in page
+    assert [h.hostname for h in operator.get("/admin/common/host/?locked__exact=1").context["cl"].result_list] == [
+        "dut2"
+    ]
+
+
+def test_dead_letters_show_their_reasons(lab, operator):
+    assert DeadLetter.objects.count() == 1
+    page = operator.get("/admin/common/deadletter/").content.decode()
+    assert "job 11 is not assigned to lab1" in page
+    page = operator.get("/admin/common/outboxentry/").content.decode()
+    assert ">Running</span>" in page
+
+
+@pytest.mark.parametrize("model", ["host", "job", "hostqueueentry", "label", "outboxentry", "deadletter"])
+def test_everything_is_read_only(lab, operator, model):
+    page = operator.get(f"/admin/common/{model}/").content.decode()
+    assert f'href="/admin/common/{model}/add/"' not in page and 'name="action"' not in page
+    assert operator.get(f"/admin/common/{model}/add/").status_code == 403
+    obj_id = {"host": 1, "job": 10, "hostqueueentry": 100}.get(model)
+    if obj_id:
+        assert operator.post(f"/admin/common/{model}/{obj_id}/change/", {"status": "Ready"}).status_code == 403
+        assert operator.post(f"/admin/common/{model}/{obj_id}/delete/", {"post": "yes"}).status_code == 403
+    assert HostQueueEntry.objects.get(id=100).status == "Running" and Host.objects.count() == 3
+
+
+def test_master_only_pages_are_not_served_on_a_shard(lab, operator):
+    assert operator.get("/admin/fleet/").status_code == 404
+    assert operator.get("/admin/common/token/").status_code == 404
+    assert operator.get("/admin/common/shard/").status_code == 404
+    assert operator.get("/api/v1/heartbeat").status_code == 404
+
+
+def test_needs_login(lab):
+    resp = Client().get("/admin/common/hostqueueentry/")
+    assert resp.status_code == 302 and resp["Location"].startswith("/admin/login/")
+
+
+def test_hqe_list_queries_do_not_grow(lab, operator):
+    def count() -> int:
+        with CaptureQueriesContext(connection) as ctx:
+            assert operator.get("/admin/common/hostqueueentry/").status_code == 200
+        return len(ctx.captured_queries)
+
+    operator.get("/admin/common/hostqueueentry/")
+    few = count()
+    apply_response({"jobs": [job_data(1000 + i, [5000 + i]) for i in range(80)]})
+    assert count() == few
