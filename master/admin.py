@@ -27,7 +27,6 @@ from django.utils.safestring import SafeString
 from common.admin_ui import age, badge, pre, status_badge
 from common.errors import FleetshardError
 from common.models import Host, HostQueueEntry, Job, Label, Shard, Token
-from common.tokens import issue_token
 from master import services
 from master.admin_forms import (
     ConfirmForm,
@@ -645,8 +644,8 @@ class TokenAdmin(ServiceAdmin):
             # A shard token speaks for the shard: whoever holds it can report its results.
             if not user.has_perm("common.change_shard"):
                 raise FleetshardError("creating a shard token needs the permission to change shards", field="shard")
-            shard = services.get_shard(data["shard"].hostname)
-            token, raw = issue_token(shard=shard, description=data["description"] or f"heartbeat token of {shard}")
+            shard = data["shard"]
+            token, raw = services.create_shard_token(shard.hostname, description=data["description"])
             audit(request, [token], "created", ADDITION)
             return self.token_page(request, f"New token for shard {shard}", raw, shard=shard, token_obj=token)
         # A token acts as its user: only a superuser may mint one for someone else or for an admin.

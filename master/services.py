@@ -397,6 +397,13 @@ def create_personal_token(username: str, *, admin: bool = False, description: st
 
 
 @transaction.atomic
+def create_shard_token(hostname: str, *, description: str = "") -> tuple[Token, str]:
+    """Another heartbeat token for a shard (to rotate one: create, deploy, then revoke the old)."""
+    shard = get_shard(hostname)
+    return issue_token(shard=shard, description=(description or f"heartbeat token of {hostname}")[:255])
+
+
+@transaction.atomic
 def revoke_token(token_id: int) -> None:
     deleted, _ = Token.objects.filter(id=token_id).delete()
     if not deleted:
