@@ -232,6 +232,7 @@ class Scheduler:
         for run in self.runs.values():
             if not run.reason:
                 run.reason = reason
+                self._note(run, "the shard is stopping: stopping the run")
             if at_once and not run.killed:
                 run.handle.signal_all(signal.SIGKILL)
                 run.killed = True

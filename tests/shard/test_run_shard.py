@@ -151,3 +151,24 @@ def test_second_sigterm_stops_at_once(master_server, tmp_path, started):
     assert not alive(pid)
     hosts = in_list(list(shard.hosts.values()))
     assert sql(shard.url, f"SELECT status FROM common_host WHERE id IN {hosts}") == [("Ready",)]
+
+
+def test_repair_failed_host_is_repaired_again_after_an_unlock_on_the_master(master_server, tmp_path, started):
+    fixed = tmp_path / "fixed"
+    shard = new_shard(master_server, tmp_path, hosts={"dut": {"repair_command": f"test -e {fixed}"}})
+    ((hostname, host_id),) = shard.hosts.items()
+    (failing,) = submit(master_server, [{"name": "breaks-it", "command": "exit 1", "meta_hosts": [[shard.label, 1]]}])
+    start(shard, started)
+
+    def master_host() -> str:
+        return sql(master_server.role.database_url, f"SELECT status FROM common_host WHERE id = {host_id}")[0][0]
+
+    wait_until(lambda: master_host() == "Repair Failed", timeout=60, what="Repair Failed on the master")
+    (waiting,) = submit(master_server, [{"name": "waits", "command": "true", "meta_hosts": [[shard.label, 1]]}])
+    wait_until(lambda: shard_hqe(shard, waiting)[0] == "Queued", timeout=60, what="the job to reach the shard")
+    assert master_status(master_server, failing)[1:3] == ("Failed", "test")
+    # An operator fixes the device and unlocks the host: its version rises and the shard repairs it again.
+    fixed.touch()
+    master_server.shell(f"from master import services\nservices.unlock_hosts([{hostname!r}])\nresult = 1")
+    wait_until(lambda: master_status(master_server, waiting)[1] == "Completed", timeout=60, what="the waiting job")
+    wait_until(lambda: master_host() == "Ready", timeout=60, what="the host Ready on the master")
