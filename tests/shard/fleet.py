@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg2
 
-from tests.support import Master, ShardProcess, make_shard_process
+from tests.support import Master, ShardProcess, drop_database, make_shard_process
 
 # Fast settings for shards under test: a "minute" is one second.
 FAST_SHARD_ENV = {
@@ -22,6 +22,15 @@ FAST_SHARD_ENV = {
 }
 
 ACTIVE = ("Queued", "Starting", "Running")
+
+_created_databases: list[str] = []
+
+
+def drop_created_databases() -> None:
+    """Drops the PostgreSQL databases of the shards made since the last call (SQLite files go with tmp)."""
+    while _created_databases:
+        drop_database(_created_databases.pop())
+
 
 # A job that records when it started and ended, in its results directory, for the overlap checks.
 TIMED = (
@@ -90,6 +99,7 @@ result = {{"token": token, "hosts": {{h.hostname: h.id for h in services.get_hos
 """
     made = master.shell(code)
     process = make_shard_process(tmp, master, name, made["token"], **(FAST_SHARD_ENV | env))
+    _created_databases.append(process.role.database_url)
     return LabShard(process, label, made["hosts"])
 
 
