@@ -6,18 +6,22 @@ processes on one database never both act on one host.
 """
 
 import logging
+import re
 import signal
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db.models import F, Q
 
 from common.constants import HostStatus
 from common.models import Host
 from shard.executor import Executor, RunHandle, RunSpec, base_env, env_name
+
+if TYPE_CHECKING:
+    from shard.scheduler import SchedulerConfig
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +47,11 @@ def host_env(host: Host) -> dict[str, str]:
     return env
 
 
+def safe_name(text: str) -> str:
+    """A hostname as one path component: a name from the master must never climb out of the results root."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", text).lstrip(".") or "_"
+
+
 def fresh_dir(parent: Path, name: str) -> Path:
     """A new directory `parent/name` (or `name-2`, `name-3`...): results are never mixed or overwritten."""
     parent.mkdir(parents=True, exist_ok=True)
@@ -57,7 +66,7 @@ def fresh_dir(parent: Path, name: str) -> Path:
 
 
 class HostLifecycle:
-    def __init__(self, runner_id: str, executor: Executor, config: Any) -> None:
+    def __init__(self, runner_id: str, executor: Executor, config: "SchedulerConfig") -> None:
         self.runner_id = runner_id
         self.executor = executor
         self.config = config
@@ -71,9 +80,9 @@ class HostLifecycle:
     def _start_command(self, host: Host, kind: str, command: str) -> HostTask:
         task = HostTask(host.id, host.hostname, kind, deadline=time.monotonic() + self.config.host_command_timeout_s)
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-        workdir = fresh_dir(self.config.results_root / "hosts" / host.hostname, f"{kind}-{stamp}")
-        env = base_env() | host_env(host) | {"FLEETSHARD_RESULTS_DIR": str(workdir)}
         try:
+            workdir = fresh_dir(self.config.results_root / "hosts" / safe_name(host.hostname), f"{kind}-{stamp}")
+            env = base_env() | host_env(host) | {"FLEETSHARD_RESULTS_DIR": str(workdir)}
             task.handle = self.executor.start(RunSpec(command, workdir, workdir / f"{kind}.log", env))
         except OSError as exc:
             log.warning("host %s: cannot start its %s command: %s", host.hostname, kind, exc)

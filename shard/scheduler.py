@@ -9,7 +9,7 @@ gets one HQE and an HQE gets one host.
 import logging
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -21,7 +21,7 @@ from common.constants import FailureClass, HostStatus, HQEStatus
 from common.errors import FleetshardError
 from common.models import Host, HostQueueEntry, Job
 from shard.executor import Executor, LocalExecutor, RunHandle, RunSpec, base_env, env_name, read_tail
-from shard.lifecycle import HostLifecycle, fresh_dir, host_env
+from shard.lifecycle import HostLifecycle, fresh_dir, host_env, safe_name
 from shard.recovery import current_runner_id, recover_abandoned
 from shard.services import finish_hqe, record_run, transition_hqe
 
@@ -75,7 +75,6 @@ class Run:
     reason: str = ""
     term_at: float | None = None
     killed: bool = False
-    notes: list[str] = field(default_factory=list)
 
 
 def job_env(job: Job, hqe_id: int, host: Host, results_dir: Path) -> dict[str, str]:
@@ -212,7 +211,7 @@ class Scheduler:
     def _start(self, hqe: HostQueueEntry, host: Host) -> None:
         job = hqe.job
         try:
-            results_dir = fresh_dir(self.config.results_root / str(job.id), f"{hqe.id}-{host.hostname}")
+            results_dir = fresh_dir(self.config.results_root / str(job.id), f"{hqe.id}-{safe_name(host.hostname)}")
             log_path = results_dir / "job.log"
             spec = RunSpec(job.command, results_dir, log_path, job_env(job, hqe.id, host, results_dir))
             handle = self.executor.start(spec)
@@ -221,10 +220,11 @@ class Scheduler:
             finish_hqe(hqe.id, HQEStatus.FAILED, failure=FailureClass.INFRA, log_tail=f"cannot start the job: {exc}")
             self.hosts.after_job(host.id, ok=False)
             return
+        deadline = time.monotonic() + job.max_runtime_mins * self.config.minute_s
+        # Tracked before anything else can fail, so the process is always watched and ended.
+        self.runs[hqe.id] = Run(hqe.id, job.id, host.id, handle, log_path, deadline)
         record_run(hqe.id, pid=handle.pid, results_dir=str(results_dir))
         transition_hqe(hqe.id, HQEStatus.RUNNING)
-        deadline = time.monotonic() + job.max_runtime_mins * self.config.minute_s
-        self.runs[hqe.id] = Run(hqe.id, job.id, host.id, handle, log_path, deadline)
         log.info("HQE %s of job %s running on %s (pid %s)", hqe.id, job.id, host.hostname, handle.pid)
 
     def stop_runs(self, reason: str = SHUTDOWN, *, at_once: bool = False) -> None:

@@ -299,3 +299,13 @@ def test_no_process_outlives_a_finished_job(world):
     assert hqe.status == "Completed"
     assert not process_alive(int(Path(hqe.results_dir, "bg").read_text()))
     assert os.path.isdir(hqe.results_dir)
+
+
+def test_a_hostname_cannot_move_results_out_of_the_results_root(world):
+    world.host("../../escape", ("board:a",), attributes={"cleanup_command": "true"})
+    job = world.job("true", meta_host="board:a")
+    world.run_until(lambda: world.finished(job) and world.idle(), what="the job and its cleanup")
+    root = world.config.results_root.resolve()
+    assert Path(world.hqe(job).results_dir).resolve().is_relative_to(root)
+    assert not (root.parent.parent / "escape").exists()
+    assert all(p.resolve().is_relative_to(root) for p in root.rglob("*"))
