@@ -174,7 +174,10 @@ class Demo:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             raise SystemExit(f"demo: fleetshard {' '.join(args)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
-        return json.loads(proc.stdout) if proc.stdout.strip() else None
+        try:
+            return json.loads(proc.stdout) if proc.stdout.strip() else None
+        except ValueError:
+            raise SystemExit(f"demo: fleetshard {' '.join(args)} printed no JSON: {proc.stdout[:200]!r}") from None
 
     # The story.
 
@@ -263,7 +266,7 @@ class Demo:
         began = time.monotonic()
         last = ""
         while True:
-            jobs = {j["id"]: j for j in self.fleetshard("job", "list", "--owner", ADMIN_USER) if j["id"] in ids}
+            jobs = {j["id"]: j for j in self.fleetshard("job", "list") if j["id"] in ids}
             counts: dict[str, int] = {}
             for job in jobs.values():
                 counts[job["status"]] = counts.get(job["status"], 0) + 1
