@@ -14,6 +14,7 @@ from common.constants import FailureClass, HostStatus, HQEStatus
 from common.errors import FleetshardError
 from common.models import Host, HostQueueEntry
 from shard.executor import Executor, read_tail
+from shard.locks import shard_write
 from shard.services import finish_hqe
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,8 @@ def recover_abandoned(runner_id: str, executor: Executor) -> list[int]:
             executor.kill_orphan(hqe.pid, hqe.id)
         tail = read_tail(Path(hqe.results_dir) / "job.log") if hqe.results_dir else ""
         try:
-            finish_hqe(hqe.id, HQEStatus.FAILED, failure=FailureClass.INFRA, log_tail=tail + ABANDONED_NOTE)
+            with shard_write():
+                finish_hqe(hqe.id, HQEStatus.FAILED, failure=FailureClass.INFRA, log_tail=tail + ABANDONED_NOTE)
         except FleetshardError:
             continue
         log.warning("HQE %s of job %s was abandoned by %s: closed as an infra failure", hqe.id, hqe.job_id, hqe.runner)

@@ -14,7 +14,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError
 from django.utils import timezone
 
 from common.constants import FailureClass, HostStatus, HQEStatus
@@ -22,6 +22,7 @@ from common.errors import FleetshardError
 from common.models import Host, HostQueueEntry, Job
 from shard.executor import Executor, LocalExecutor, RunHandle, RunSpec, base_env, env_name, read_tail
 from shard.lifecycle import HostLifecycle, fresh_dir, host_env, safe_name
+from shard.locks import shard_write
 from shard.recovery import current_runner_id, recover_abandoned
 from shard.services import finish_hqe, record_run, transition_hqe
 
@@ -143,7 +144,8 @@ class Scheduler:
         for hqe_id, created_on, timeout_mins in queued:
             if created_on + timedelta(seconds=timeout_mins * self.config.minute_s) <= now:
                 try:
-                    finish_hqe(hqe_id, HQEStatus.EXPIRED)
+                    with shard_write():
+                        finish_hqe(hqe_id, HQEStatus.EXPIRED)
                 except FleetshardError:
                     continue
                 log.info("HQE %s expired: still queued %s min after its job was created", hqe_id, timeout_mins)
@@ -192,7 +194,7 @@ class Scheduler:
     def _claim(self, hqe_id: int, host_id: int) -> str:
         """Takes the host and the HQE together, or neither: 'claimed', 'host-taken' or 'hqe-taken'."""
         try:
-            with transaction.atomic():
+            with shard_write():
                 taken = Host.objects.filter(
                     id=host_id, status=HostStatus.READY, locked=False, retired=False, runner=""
                 ).update(status=HostStatus.RUNNING, runner=self.runner_id)
@@ -217,14 +219,16 @@ class Scheduler:
             handle = self.executor.start(spec)
         except OSError as exc:
             log.warning("HQE %s on %s: cannot start: %s", hqe.id, host.hostname, exc)
-            finish_hqe(hqe.id, HQEStatus.FAILED, failure=FailureClass.INFRA, log_tail=f"cannot start the job: {exc}")
+            with shard_write():
+                finish_hqe(hqe.id, HQEStatus.FAILED, failure=FailureClass.INFRA, log_tail=f"cannot start: {exc}")
             self.hosts.after_job(host.id, ok=False)
             return
         deadline = time.monotonic() + job.max_runtime_mins * self.config.minute_s
         # Tracked before anything else can fail, so the process is always watched and ended.
         self.runs[hqe.id] = Run(hqe.id, job.id, host.id, handle, log_path, deadline)
-        record_run(hqe.id, pid=handle.pid, results_dir=str(results_dir))
-        transition_hqe(hqe.id, HQEStatus.RUNNING)
+        with shard_write():
+            record_run(hqe.id, pid=handle.pid, results_dir=str(results_dir))
+            transition_hqe(hqe.id, HQEStatus.RUNNING)
         log.info("HQE %s of job %s running on %s (pid %s)", hqe.id, job.id, host.hostname, handle.pid)
 
     def stop_runs(self, reason: str = SHUTDOWN, *, at_once: bool = False) -> None:
@@ -291,7 +295,8 @@ class Scheduler:
         else:
             status, failure = HQEStatus.FAILED, FailureClass.TEST
         try:
-            finish_hqe(run.hqe_id, status, failure=failure, exit_code=code, log_tail=read_tail(run.log_path))
+            with shard_write():
+                finish_hqe(run.hqe_id, status, failure=failure, exit_code=code, log_tail=read_tail(run.log_path))
         except FleetshardError as exc:
             log.warning("HQE %s: cannot record its end (%s): %s", run.hqe_id, status, exc)
         del self.runs[run.hqe_id]

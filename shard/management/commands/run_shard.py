@@ -14,7 +14,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, close_old_connections, connection
 
 from common.models import OutboxEntry
 from shard.client import HeartbeatClient, HeartbeatFailed, ProtocolRefused
@@ -103,6 +103,8 @@ class Command(BaseCommand):
                 if time.monotonic() >= drain_deadline and scheduler.runs:
                     scheduler.stop_runs()
             try:
+                # A connection broken by a database restart is dropped here and reopened by the next query.
+                close_old_connections()
                 scheduler.tick(start_new=not draining.is_set())
             except Exception:
                 # Keep watching the runs already started rather than leave them unattended.
