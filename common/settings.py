@@ -135,6 +135,8 @@ FLEETSHARD_COOLDOWN_S = float(os.environ.get("FLEETSHARD_COOLDOWN_S", "0"))
 FLEETSHARD_HOST_COMMAND_TIMEOUT_S = float(os.environ.get("FLEETSHARD_HOST_COMMAND_TIMEOUT_S", "1800"))
 # The length of a job's "minute" (timeout_mins, max_runtime_mins): 60, except in tests and the demo.
 FLEETSHARD_MINUTE_S = float(os.environ.get("FLEETSHARD_MINUTE_S", "60"))
+# The executor class (a dotted path to a shard.executor.Executor subclass) that runs jobs.
+FLEETSHARD_EXECUTOR = os.environ.get("FLEETSHARD_EXECUTOR", "shard.executor.LocalExecutor")
 
 LOGGING = {
     "version": 1,

@@ -172,3 +172,20 @@ def test_repair_failed_host_is_repaired_again_after_an_unlock_on_the_master(mast
     master_server.shell(f"from master import services\nservices.unlock_hosts([{hostname!r}])\nresult = 1")
     wait_until(lambda: master_status(master_server, waiting)[1] == "Completed", timeout=60, what="the waiting job")
     wait_until(lambda: master_host() == "Ready", timeout=60, what="the host Ready on the master")
+
+
+def test_run_shard_uses_the_configured_executor(master_server, tmp_path, started):
+    shard = new_shard(
+        master_server, tmp_path, hosts=1, FLEETSHARD_EXECUTOR="tests.shard.custom_executor.TaggingExecutor"
+    )
+    (job,) = submit(master_server, [{"name": "tagged", "command": "echo hi", "meta_hosts": [[shard.label, 1]]}])
+    start(shard, started)
+    wait_until(lambda: master_status(master_server, job)[1] == "Completed", timeout=60, what="the job")
+    assert master_status(master_server, job)[5].splitlines()[:2] == ["via TaggingExecutor", "hi"]
+
+
+def test_run_shard_refuses_an_unknown_executor(master_server, tmp_path):
+    shard = new_shard(master_server, tmp_path, hosts=1, FLEETSHARD_EXECUTOR="shard.executor.NoSuchExecutor")
+    proc = shard.process.role.manage("run_shard", check=False, timeout=60)
+    assert proc.returncode != 0
+    assert "FLEETSHARD_EXECUTOR=shard.executor.NoSuchExecutor" in proc.stderr

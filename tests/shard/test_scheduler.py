@@ -309,3 +309,16 @@ def test_a_hostname_cannot_move_results_out_of_the_results_root(world):
     assert Path(world.hqe(job).results_dir).resolve().is_relative_to(root)
     assert not (root.parent.parent / "escape").exists()
     assert all(p.resolve().is_relative_to(root) for p in root.rglob("*"))
+
+
+def test_another_executor_plugs_in_without_touching_the_scheduler(tmp_path, db, request):
+    from shard.scheduler import Scheduler
+    from tests.shard.custom_executor import TaggingExecutor
+
+    world = make_world(tmp_path, request)
+    world.scheduler = Scheduler(world.config, TaggingExecutor())
+    world.host("h1", ("board:a",))
+    job = world.job("echo payload", meta_host="board:a")
+    world.run_until(lambda: world.finished(job), what="the job")
+    assert world.hqe(job).status == "Completed"
+    assert world.hqe(job).log_tail.splitlines()[:2] == ["via TaggingExecutor", "payload"]

@@ -15,9 +15,11 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, close_old_connections, connection
+from django.utils.module_loading import import_string
 
 from common.models import OutboxEntry
 from shard.client import HeartbeatClient, HeartbeatFailed, ProtocolRefused
+from shard.executor import Executor
 from shard.scheduler import Scheduler, SchedulerConfig
 
 log = logging.getLogger("shard.run_shard")
@@ -46,7 +48,13 @@ class Command(BaseCommand):
             settings.FLEETSHARD_MASTER_URL, settings.FLEETSHARD_SHARD_HOSTNAME, settings.FLEETSHARD_SHARD_TOKEN
         )
         config = SchedulerConfig.from_settings()
-        scheduler = Scheduler(config)
+        try:
+            executor = import_string(settings.FLEETSHARD_EXECUTOR)()
+        except (ImportError, TypeError) as exc:
+            raise CommandError(f"FLEETSHARD_EXECUTOR={settings.FLEETSHARD_EXECUTOR}: {exc}") from exc
+        if not isinstance(executor, Executor):
+            raise CommandError(f"FLEETSHARD_EXECUTOR={settings.FLEETSHARD_EXECUTOR} is not a shard.executor.Executor")
+        scheduler = Scheduler(config, executor)
         draining = threading.Event()
         at_once = threading.Event()
         wake = threading.Event()
