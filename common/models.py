@@ -71,6 +71,10 @@ class Host(models.Model):
     version = models.PositiveIntegerField(default=1)
     # Shard-side only: the master no longer assigns this host; dropped once it is idle.
     retired = models.BooleanField(default=False)
+    # Shard-side only: the scheduler process handling the host (claim to Ready), and the config
+    # version whose repair failed; a newer version from the master makes the shard try again.
+    runner = models.CharField(max_length=255, blank=True, default="")
+    repair_failed_version = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["hostname"]
@@ -134,6 +138,7 @@ class HostQueueEntry(models.Model):
     # Shard-side execution bookkeeping.
     results_dir = models.CharField(max_length=1024, blank=True, default="")
     pid = models.IntegerField(null=True, blank=True)
+    runner = models.CharField(max_length=255, blank=True, default="")
 
     class Meta:
         ordering = ["id"]

@@ -128,6 +128,21 @@ FLEETSHARD_SHARD_HOSTNAME = os.environ.get("FLEETSHARD_SHARD_HOSTNAME", "")
 FLEETSHARD_SHARD_TOKEN = os.environ.get("FLEETSHARD_SHARD_TOKEN", "")
 FLEETSHARD_REQUEST_TIMEOUT_S = float(os.environ.get("FLEETSHARD_REQUEST_TIMEOUT_S", "30"))
 
+# The shard's scheduler and executors (shard/scheduler.py). Durations in seconds unless named _mins.
+FLEETSHARD_RESULTS_DIR = Path(os.environ.get("FLEETSHARD_RESULTS_DIR", str(DATA_DIR / "results"))).resolve()
+FLEETSHARD_SCHEDULER_TICK_S = float(os.environ.get("FLEETSHARD_SCHEDULER_TICK_S", "1"))
+FLEETSHARD_MAX_RUNS = int(os.environ.get("FLEETSHARD_MAX_RUNS", "100"))
+FLEETSHARD_ABORT_GRACE_S = float(os.environ.get("FLEETSHARD_ABORT_GRACE_S", "30"))
+FLEETSHARD_DRAIN_S = float(os.environ.get("FLEETSHARD_DRAIN_S", "60"))
+FLEETSHARD_CLEANUP_COMMAND = os.environ.get("FLEETSHARD_CLEANUP_COMMAND", "")
+FLEETSHARD_REPAIR_COMMAND = os.environ.get("FLEETSHARD_REPAIR_COMMAND", "")
+FLEETSHARD_COOLDOWN_S = float(os.environ.get("FLEETSHARD_COOLDOWN_S", "0"))
+FLEETSHARD_HOST_COMMAND_TIMEOUT_S = float(os.environ.get("FLEETSHARD_HOST_COMMAND_TIMEOUT_S", "1800"))
+# The length of a job's "minute" (timeout_mins, max_runtime_mins): 60, except in tests and the demo.
+FLEETSHARD_MINUTE_S = float(os.environ.get("FLEETSHARD_MINUTE_S", "60"))
+# The executor class (a dotted path to a shard.executor.Executor subclass) that runs jobs.
+FLEETSHARD_EXECUTOR = os.environ.get("FLEETSHARD_EXECUTOR", "shard.executor.LocalExecutor")
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -63,3 +63,16 @@ def finish_hqe(
     if status not in HQEStatus.TERMINAL:
         raise FleetshardError(f"{status} is not a terminal status", field="status")
     return transition_hqe(hqe_id, status, failure=failure, exit_code=exit_code, log_tail=log_tail)
+
+
+def record_run(
+    hqe_id: int, *, runner: str | None = None, pid: int | None = None, results_dir: str | None = None
+) -> None:
+    """Shard-only bookkeeping of a run (who runs it, its process, its results); never sent to the master."""
+    fields = {
+        name: value
+        for name, value in (("runner", runner), ("pid", pid), ("results_dir", results_dir))
+        if value is not None
+    }
+    if fields:
+        HostQueueEntry.objects.filter(id=hqe_id).update(**fields)

@@ -1,0 +1,186 @@
+"""A host's life between jobs: `Cleaning` then `Ready` after a good run, `Repairing` after a bad one.
+
+Host status is the shard's to set and reaches the master through `known_hosts`. Every change here is
+a conditional UPDATE on the host's runner (the scheduler process that holds it), so two scheduler
+processes on one database never both act on one host.
+"""
+
+import logging
+import re
+import signal
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from django.db.models import F, Q
+
+from common.constants import HostStatus
+from common.models import Host
+from shard.executor import Executor, RunHandle, RunSpec, base_env, env_name
+
+if TYPE_CHECKING:
+    from shard.scheduler import SchedulerConfig
+
+log = logging.getLogger(__name__)
+
+CLEANUP = "cleanup"
+REPAIR = "repair"
+
+
+@dataclass
+class HostTask:
+    host_id: int
+    hostname: str
+    kind: str
+    handle: RunHandle | None = None
+    deadline: float = 0.0
+    killed: bool = False
+    cooldown_until: float | None = None
+
+
+def host_env(host: Host) -> dict[str, str]:
+    env = {"FLEETSHARD_HOSTNAME": host.hostname}
+    for key, value in (host.attributes or {}).items():
+        env[f"FLEETSHARD_HOST_ATTR_{env_name(key)}"] = str(value)
+    return env
+
+
+def safe_name(text: str) -> str:
+    """A hostname as one path component: a name from the master must never climb out of the results root."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", text).lstrip(".") or "_"
+
+
+def fresh_dir(parent: Path, name: str) -> Path:
+    """A new directory `parent/name` (or `name-2`, `name-3`...): results are never mixed or overwritten."""
+    parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 10_000):
+        path = parent / (name if n == 1 else f"{name}-{n}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return path
+    raise OSError(f"cannot make a fresh directory for {name} under {parent}")
+
+
+class HostLifecycle:
+    def __init__(self, runner_id: str, executor: Executor, config: "SchedulerConfig") -> None:
+        self.runner_id = runner_id
+        self.executor = executor
+        self.config = config
+        self.tasks: dict[int, HostTask] = {}
+
+    def _set(self, host_id: int, status: str, *, release: bool = False, **extra: Any) -> bool:
+        runner = "" if release else self.runner_id
+        changed = Host.objects.filter(id=host_id, runner=self.runner_id).update(status=status, runner=runner, **extra)
+        return changed == 1
+
+    def _start_command(self, host: Host, kind: str, command: str) -> HostTask:
+        task = HostTask(host.id, host.hostname, kind, deadline=time.monotonic() + self.config.host_command_timeout_s)
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+        try:
+            workdir = fresh_dir(self.config.results_root / "hosts" / safe_name(host.hostname), f"{kind}-{stamp}")
+            env = base_env() | host_env(host) | {"FLEETSHARD_RESULTS_DIR": str(workdir)}
+            task.handle = self.executor.start(RunSpec(command, workdir, workdir / f"{kind}.log", env))
+        except OSError as exc:
+            log.warning("host %s: cannot start its %s command: %s", host.hostname, kind, exc)
+            task.killed = True
+        return task
+
+    def after_job(self, host_id: int, ok: bool) -> None:
+        """A run on the host ended: clean it after a good run, repair it after a failed or killed one."""
+        if ok:
+            self.clean(host_id)
+        else:
+            self.repair(host_id)
+
+    def clean(self, host_id: int) -> None:
+        host = Host.objects.filter(id=host_id, runner=self.runner_id).first()
+        if host is None or not self._set(host_id, HostStatus.CLEANING):
+            return
+        command = (host.attributes or {}).get("cleanup_command") or self.config.cleanup_command
+        if command:
+            self.tasks[host_id] = self._start_command(host, CLEANUP, command)
+        else:
+            self.tasks[host_id] = HostTask(host_id, host.hostname, CLEANUP, cooldown_until=self._cooldown_end())
+
+    def repair(self, host_id: int) -> None:
+        host = Host.objects.filter(id=host_id, runner=self.runner_id).first()
+        if host is None or not self._set(host_id, HostStatus.REPAIRING):
+            return
+        command = (host.attributes or {}).get("repair_command") or self.config.repair_command
+        if not command:
+            self._set(host_id, HostStatus.READY, release=True)
+            return
+        log.info("host %s: repairing", host.hostname)
+        self.tasks[host_id] = self._start_command(host, REPAIR, command)
+
+    def _cooldown_end(self) -> float:
+        return time.monotonic() + self.config.cooldown_s
+
+    def poll(self) -> None:
+        now = time.monotonic()
+        for task in list(self.tasks.values()):
+            if task.handle is not None:
+                code = task.handle.poll()
+                if code is None:
+                    if now >= task.deadline and not task.killed:
+                        log.warning("host %s: its %s command timed out", task.hostname, task.kind)
+                        task.handle.signal_all(signal.SIGKILL)
+                        task.killed = True
+                    continue
+                if task.handle.lingering():
+                    task.handle.signal_all(signal.SIGKILL)
+                    continue
+                task.handle = None
+                ok = code == 0 and not task.killed
+                self._command_done(task, ok, code)
+            elif task.killed:
+                self._command_done(task, False, None)
+            elif task.cooldown_until is not None and now >= task.cooldown_until:
+                del self.tasks[task.host_id]
+                self._set(task.host_id, HostStatus.READY, release=True)
+
+    def _command_done(self, task: HostTask, ok: bool, code: int | None) -> None:
+        del self.tasks[task.host_id]
+        if task.kind == CLEANUP:
+            if ok:
+                self.tasks[task.host_id] = HostTask(
+                    task.host_id, task.hostname, CLEANUP, cooldown_until=self._cooldown_end()
+                )
+            else:
+                log.warning("host %s: cleanup failed (exit %s): repairing", task.hostname, code)
+                self.repair(task.host_id)
+        elif ok:
+            log.info("host %s: repaired", task.hostname)
+            self._set(task.host_id, HostStatus.READY, release=True)
+        else:
+            log.warning("host %s: repair failed (exit %s): no work until its config changes", task.hostname, code)
+            self._set(task.host_id, HostStatus.REPAIR_FAILED, release=True, repair_failed_version=F("version"))
+
+    def retry_failed_repairs(self) -> None:
+        """A `Repair Failed` host whose config the master changed since (an unlock, say) is repaired again."""
+        newer = Q(repair_failed_version__isnull=True) | Q(version__gt=F("repair_failed_version"))
+        for host_id in Host.objects.filter(
+            newer, status=HostStatus.REPAIR_FAILED, runner="", retired=False
+        ).values_list("id", flat=True):
+            taken = Host.objects.filter(id=host_id, status=HostStatus.REPAIR_FAILED, runner="").update(
+                status=HostStatus.REPAIRING, runner=self.runner_id
+            )
+            if taken:
+                self.repair(host_id)
+
+    def stop_all(self) -> None:
+        """Kills the hosts' commands; those hosts stay `Repairing`, unowned, for the next start to repair."""
+        for task in self.tasks.values():
+            if task.handle is not None:
+                task.handle.signal_all(signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(t.handle and t.handle.lingering() for t in self.tasks.values()):
+            time.sleep(0.05)
+        for host_id, task in self.tasks.items():
+            cooling = task.kind == CLEANUP and task.handle is None and not task.killed
+            self._set(host_id, HostStatus.READY if cooling else HostStatus.REPAIRING, release=True)
+        self.tasks.clear()

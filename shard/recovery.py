@@ -1,0 +1,91 @@
+"""Closing what a crashed scheduler process left behind, and telling live schedulers from dead ones.
+
+Each scheduler process marks the HQEs and hosts it handles with its runner id (machine, pid and the
+pid's start time, so a reused pid is not mistaken for the old process). Work marked by a runner
+that no longer exists was abandoned: its HQEs end `Failed`/`infra` and its hosts are repaired.
+"""
+
+import logging
+import os
+import socket
+from pathlib import Path
+
+from common.constants import FailureClass, HostStatus, HQEStatus
+from common.errors import FleetshardError
+from common.models import Host, HostQueueEntry
+from shard.executor import Executor, read_tail
+from shard.locks import shard_write
+from shard.services import finish_hqe
+
+log = logging.getLogger(__name__)
+
+ABANDONED_NOTE = "\n[fleetshard] the shard process running this job is gone (crash or restart): infra failure\n"
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return fields[19] if len(fields) > 19 and fields[0] != "Z" else None
+
+
+def current_runner_id() -> str:
+    pid = os.getpid()
+    return f"{socket.gethostname()}:{pid}:{_start_time(pid)}"
+
+
+def runner_alive(runner: str) -> bool:
+    """Whether the scheduler process `runner` still exists. One on another machine is assumed alive."""
+    if not runner:
+        return False
+    try:
+        machine, pid, start = runner.rsplit(":", 2)
+        pid_number = int(pid)
+    except ValueError:
+        return False
+    if machine != socket.gethostname():
+        return True
+    return _start_time(pid_number) == start
+
+
+def recover_abandoned(runner_id: str, executor: Executor) -> list[int]:
+    """Ends the HQEs of dead runners as infra failures and takes over their hosts as `Repairing`.
+
+    Returns the ids of the hosts taken over; the caller runs their repair before they get work.
+    """
+    alive: dict[str, bool] = {}
+
+    def is_alive(runner: str) -> bool:
+        if runner not in alive:
+            alive[runner] = runner_alive(runner)
+        return alive[runner]
+
+    active = HostQueueEntry.objects.filter(status__in=(HQEStatus.STARTING, HQEStatus.RUNNING)).exclude(runner=runner_id)
+    for hqe in active:
+        if is_alive(hqe.runner):
+            continue
+        if hqe.pid:
+            executor.kill_orphan(hqe.pid, hqe.id)
+        tail = read_tail(Path(hqe.results_dir) / "job.log") if hqe.results_dir else ""
+        try:
+            with shard_write():
+                finish_hqe(hqe.id, HQEStatus.FAILED, failure=FailureClass.INFRA, log_tail=tail + ABANDONED_NOTE)
+        except FleetshardError:
+            continue
+        log.warning("HQE %s of job %s was abandoned by %s: closed as an infra failure", hqe.id, hqe.job_id, hqe.runner)
+
+    taken = []
+    busy = (HostStatus.RUNNING, HostStatus.CLEANING, HostStatus.REPAIRING)
+    for host in Host.objects.filter(status__in=busy).exclude(runner=runner_id):
+        if is_alive(host.runner):
+            continue
+        claimed = Host.objects.filter(id=host.id, runner=host.runner, status=host.status).update(
+            status=HostStatus.REPAIRING, runner=runner_id
+        )
+        if claimed:
+            log.warning("host %s was left %s by %s: repairing it", host.hostname, host.status, host.runner or "nobody")
+            taken.append(host.id)
+    return taken

@@ -1,0 +1,191 @@
+"""`run_shard` as a real process against a real master: aborts, a crash and restart, and draining."""
+
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.shard.fleet import ACTIVE, in_list, master_hqes, new_shard, sql, submit
+from tests.support import stop, wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def master_status(master, job_id: int) -> tuple:
+    (row,) = master_hqes(master, [job_id])
+    return row
+
+
+def shard_hqe(shard, job_id: int) -> tuple:
+    rows = sql(
+        shard.url, f"SELECT status, failure, results_dir, pid FROM common_hostqueueentry WHERE job_id = {job_id}"
+    )
+    return rows[0] if rows else ("", "", "", None)
+
+
+@pytest.fixture
+def started():
+    """Stops every shard process a test started; their logs show when the test fails."""
+    procs: list[tuple[subprocess.Popen, Path]] = []
+    yield procs
+    for proc, log in procs:
+        stop(proc)
+        print(f"==== {log} ====\n{log.read_text(errors='replace')[-20000:]}")
+
+
+def start(shard, started, name: str = "run") -> subprocess.Popen:
+    proc = shard.process.role.start("run_shard", log_name=f"{name}.log")
+    started.append((proc, shard.process.role.data_dir / f"{name}.log"))
+    return proc
+
+
+def log_of(shard, name: str = "run") -> str:
+    return (shard.process.role.data_dir / f"{name}.log").read_text(errors="replace")
+
+
+def test_abort_reaches_sigterm_then_sigkill_and_an_aborted_hqe_on_the_master(master_server, tmp_path, started):
+    shard = new_shard(master_server, tmp_path, hosts=1)
+    command = "trap 'echo TERM >> \"$FLEETSHARD_RESULTS_DIR/signals\"' TERM; while true; do sleep 0.1; done"
+    (job,) = submit(master_server, [{"name": "stubborn", "command": command, "meta_hosts": [[shard.label, 1]]}])
+    proc = start(shard, started)
+    wait_until(lambda: master_status(master_server, job)[1] == "Running", timeout=60, what="Running on the master")
+    master_server.shell(f"from master import services\nservices.abort_jobs([{job}])\nresult = 1")
+    wait_until(lambda: master_status(master_server, job)[1] == "Aborted", timeout=60, what="Aborted on the master")
+    _, _, results_dir, pid = shard_hqe(shard, job)
+    assert "TERM" in Path(results_dir, "signals").read_text()
+    assert "SIGKILL" in master_status(master_server, job)[5]
+    assert not alive(pid)
+    assert stop(proc) == 0
+
+
+def test_shard_killed_mid_job_and_restarted_closes_the_job_as_infra_and_repairs_the_host(
+    master_server, tmp_path, started
+):
+    marker = tmp_path / "repaired"
+    shard = new_shard(master_server, tmp_path, hosts={"dut": {"repair_command": f"touch {marker}"}})
+    (host_id,) = shard.hosts.values()
+    long_job, next_job = submit(
+        master_server,
+        [
+            {"name": "long", "command": "sleep 300", "meta_hosts": [[shard.label, 1]], "priority": 70},
+            {"name": "after", "command": "true", "meta_hosts": [[shard.label, 1]]},
+        ],
+    )
+    first = start(shard, started, "first")
+    wait_until(lambda: master_status(master_server, long_job)[1] == "Running", timeout=60, what="the long job")
+    _, _, _, pid = shard_hqe(shard, long_job)
+    first.send_signal(signal.SIGKILL)
+    first.wait(30)
+    assert alive(pid), "the job outlives its shard process, so the restart must deal with it"
+
+    start(shard, started, "second")
+    wait_until(lambda: master_status(master_server, long_job)[1] == "Failed", timeout=60, what="the infra failure")
+    assert master_status(master_server, long_job)[2] == "infra"
+    wait_until(lambda: master_status(master_server, next_job)[1] == "Completed", timeout=60, what="the next job")
+    assert marker.exists()
+    assert not alive(pid)
+    assert master_status(master_server, next_job)[4] == host_id
+    wait_until(
+        lambda: (
+            sql(master_server.role.database_url, f"SELECT status FROM common_host WHERE id = {host_id}") == [("Ready",)]
+        ),
+        timeout=60,
+        what="the host Ready on the master",
+    )
+    active = sql(shard.url, f"SELECT count(*) FROM common_hostqueueentry WHERE status IN {ACTIVE!r}")
+    assert active == [(0,)]
+    assert "abandoned" in log_of(shard, "second")
+
+
+def test_sigterm_drains_then_stops_the_rest_as_infra(master_server, tmp_path, started):
+    shard = new_shard(master_server, tmp_path, hosts=2, FLEETSHARD_DRAIN_S="15")
+    (h1, _), (h2, _) = sorted(shard.hosts.items())
+    short, long, queued = submit(
+        master_server,
+        [
+            {"name": "short", "command": "sleep 5", "hosts": [h1]},
+            {"name": "long", "command": "sleep 300", "hosts": [h2]},
+            {"name": "queued", "command": "true", "hosts": [h1]},
+        ],
+    )
+    proc = start(shard, started)
+
+    def both_running() -> bool:
+        return all(shard_hqe(shard, j)[0] == "Running" for j in (short, long))
+
+    wait_until(both_running, timeout=60, what="both jobs Running")
+    long_pid = shard_hqe(shard, long)[3]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0
+    # The last heartbeat carried the ends to the master before the process exited.
+    assert master_status(master_server, short)[1:3] == ("Completed", "")
+    assert master_status(master_server, long)[1:3] == ("Failed", "infra")
+    assert master_status(master_server, queued)[1] == "Queued"
+    assert shard_hqe(shard, queued)[0] == "Queued"
+    assert not alive(long_pid)
+    running = sql(shard.url, "SELECT count(*) FROM common_hostqueueentry WHERE status IN ('Starting', 'Running')")
+    assert running == [(0,)]
+    assert "draining" in log_of(shard)
+
+
+def test_second_sigterm_stops_at_once(master_server, tmp_path, started):
+    shard = new_shard(master_server, tmp_path, hosts=1, FLEETSHARD_DRAIN_S="600", FLEETSHARD_ABORT_GRACE_S="600")
+    (job,) = submit(master_server, [{"name": "long", "command": "sleep 300", "meta_hosts": [[shard.label, 1]]}])
+    proc = start(shard, started)
+    wait_until(lambda: shard_hqe(shard, job)[0] == "Running", timeout=60, what="the job Running")
+    pid = shard_hqe(shard, job)[3]
+    proc.send_signal(signal.SIGTERM)
+    wait_until(lambda: "draining" in log_of(shard), timeout=30, what="the drain to begin")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0
+    assert shard_hqe(shard, job)[:2] == ("Failed", "infra")
+    assert not alive(pid)
+    hosts = in_list(list(shard.hosts.values()))
+    assert sql(shard.url, f"SELECT status FROM common_host WHERE id IN {hosts}") == [("Ready",)]
+
+
+def test_repair_failed_host_is_repaired_again_after_an_unlock_on_the_master(master_server, tmp_path, started):
+    fixed = tmp_path / "fixed"
+    shard = new_shard(master_server, tmp_path, hosts={"dut": {"repair_command": f"test -e {fixed}"}})
+    ((hostname, host_id),) = shard.hosts.items()
+    (failing,) = submit(master_server, [{"name": "breaks-it", "command": "exit 1", "meta_hosts": [[shard.label, 1]]}])
+    start(shard, started)
+
+    def master_host() -> str:
+        return sql(master_server.role.database_url, f"SELECT status FROM common_host WHERE id = {host_id}")[0][0]
+
+    wait_until(lambda: master_host() == "Repair Failed", timeout=60, what="Repair Failed on the master")
+    (waiting,) = submit(master_server, [{"name": "waits", "command": "true", "meta_hosts": [[shard.label, 1]]}])
+    wait_until(lambda: shard_hqe(shard, waiting)[0] == "Queued", timeout=60, what="the job to reach the shard")
+    assert master_status(master_server, failing)[1:3] == ("Failed", "test")
+    # An operator fixes the device and unlocks the host: its version rises and the shard repairs it again.
+    fixed.touch()
+    master_server.shell(f"from master import services\nservices.unlock_hosts([{hostname!r}])\nresult = 1")
+    wait_until(lambda: master_status(master_server, waiting)[1] == "Completed", timeout=60, what="the waiting job")
+    wait_until(lambda: master_host() == "Ready", timeout=60, what="the host Ready on the master")
+
+
+def test_run_shard_uses_the_configured_executor(master_server, tmp_path, started):
+    shard = new_shard(
+        master_server, tmp_path, hosts=1, FLEETSHARD_EXECUTOR="tests.shard.custom_executor.TaggingExecutor"
+    )
+    (job,) = submit(master_server, [{"name": "tagged", "command": "echo hi", "meta_hosts": [[shard.label, 1]]}])
+    start(shard, started)
+    wait_until(lambda: master_status(master_server, job)[1] == "Completed", timeout=60, what="the job")
+    assert master_status(master_server, job)[5].splitlines()[:2] == ["via TaggingExecutor", "hi"]
+
+
+def test_run_shard_refuses_an_unknown_executor(master_server, tmp_path):
+    shard = new_shard(master_server, tmp_path, hosts=1, FLEETSHARD_EXECUTOR="shard.executor.NoSuchExecutor")
+    proc = shard.process.role.manage("run_shard", check=False, timeout=60)
+    assert proc.returncode != 0
+    assert "FLEETSHARD_EXECUTOR=shard.executor.NoSuchExecutor" in proc.stderr
