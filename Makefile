@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: venv test lint demo clean
+.PHONY: venv test lint demo screenshots clean
 
 venv: $(VENV)/.installed
 
@@ -21,6 +21,10 @@ test: venv
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+# Refreshes the README's admin pictures in docs/ from the browser tests.
+screenshots: venv
+	FLEETSHARD_SCREENSHOTS_DIR=$(CURDIR)/docs $(PY) -m pytest tests/browser
 
 demo: venv
 	$(PY) scripts/demo.py

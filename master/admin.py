@@ -382,6 +382,7 @@ class ShardAdmin(ServiceAdmin):
         "known_hosts_count",
         "known_jobs_count",
         "last_updates_count",
+        "updates_applied",
         "created_on",
     ]
     readonly_fields = fields

@@ -10,6 +10,7 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import Q
+from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from common.constants import HQEStatus
@@ -140,6 +141,7 @@ def apply_response(response: dict[str, Any]) -> IngestResult:
     aborted = _upsert_jobs(response.get("jobs", []), response.get("suite_keyvals", {}))
     cancel_unstarted_hqes(aborted)
     drop_idle_retired_hosts()
+    ShardState.objects.filter(id=1).update(last_heartbeat_ok=timezone.now())
     return IngestResult(
         hosts=len(response.get("hosts", [])),
         removed_hosts=len(response.get("removed_host_ids", [])),

@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from common.models import DeadLetter, Host, HostQueueEntry, Job, OutboxEntry
+from common.models import DeadLetter, Host, HostQueueEntry, Job, OutboxEntry, ShardState
 from shard.ingest import apply_response, known_hosts, known_jobs
 from shard.services import finish_hqe, transition_hqe
 
@@ -73,6 +73,7 @@ def test_response_creates_hosts_jobs_and_hqes_with_the_masters_ids(db):
     assert job.hqes.get().id == 500 and job.hqes.get().meta_host.name == "board:pixel7"
     assert known_hosts() == [{"id": 12, "version": 1, "status": "Ready"}]
     assert known_jobs() == [{"id": 100, "version": 1}]
+    assert ShardState.objects.get().last_heartbeat_ok is not None
 
 
 def test_applying_the_same_response_twice_changes_nothing_more(db):
