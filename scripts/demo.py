@@ -32,54 +32,11 @@ ADMIN_USER, ADMIN_PASSWORD = "admin", "demo-admin"
 # A demo "minute" (timeout_mins, max_runtime_mins) lasts this many seconds, so the timeout shows quickly.
 DEMO_MINUTE_S = "5"
 
-SHARDS = {
-    "lab1.demo": {"label": "board:pixel7", "hosts": ["pixel7-01", "pixel7-02", "pixel7-03"], "wifi": ["pixel7-02"]},
-    "lab2.demo": {"label": "board:tab", "hosts": ["tab-01", "tab-02", "tab-03"], "wifi": ["tab-01", "tab-03"]},
-}
-
-# (name, job create options, role in the demo)
-JOBS: list[tuple[str, list[str], str]] = [
-    (
-        "smoke",
-        [
-            "-m",
-            "board:pixel7*2",
-            "-k",
-            "build=R120",
-            "-c",
-            'echo "smoke on $FLEETSHARD_HOSTNAME, build $FLEETSHARD_KEYVAL_BUILD"; sleep 2',
-        ],
-        "passes",
-    ),
-    ("unit-tests", ["-m", "board:tab", "-c", "for t in a b c d; do echo test_$t ok; sleep 0.5; done"], "passes"),
-    (
-        "wifi-throughput",
-        [
-            "-m",
-            "board:tab",
-            "-d",
-            "wifi",
-            "-k",
-            "band=5GHz",
-            "-c",
-            'echo "iperf on $FLEETSHARD_HOSTNAME ($FLEETSHARD_KEYVAL_BAND): 612 Mbit/s"; sleep 1',
-        ],
-        "passes",
-    ),
-    (
-        "benchmark",
-        ["-m", "board:pixel7", "-p", "high", "-c", "for i in 1 2 3; do echo iteration $i: 41.$i fps; sleep 1; done"],
-        "passes",
-    ),
-    ("camera-test", ["-m", "board:pixel7", "-c", 'echo "camera HAL not responding" >&2; exit 3'], "fails (exit 3)"),
-    ("nightly-report", ["-m", "board:tab", "-p", "low", "-c", "echo report done"], "passes"),
-    (
-        "hang-forever",
-        ["-m", "board:tab", "--max-runtime-mins", "1", "-c", "echo waiting for a device that never answers; sleep 600"],
-        "times out",
-    ),
-    ("soak-test", ["-m", "board:pixel7", "-c", "echo soaking; sleep 600"], "is aborted by the demo"),
-]
+# The fleet and the jobs the demo submits: shard -> its board label, hosts and the hosts with wifi;
+# each job's `fleetshard job create` options and what it shows.
+DEMO = json.loads((ROOT / "fixtures" / "demo.json").read_text())
+SHARDS: dict[str, dict[str, Any]] = DEMO["shards"]
+JOBS: list[tuple[str, list[str], str]] = [(j["name"], j["options"], j["expect"]) for j in DEMO["jobs"]]
 
 
 def free_port() -> int:
