@@ -306,12 +306,15 @@ def main() -> int:
         say(f"Logs:      {data_dir}/*.log; job results under {data_dir}/<shard>/results/")
         if not args.exit_after_summary:
             say("Press Ctrl-C to stop.")
-            while not stop.wait(1):
-                pass
+            # time.sleep, not Event.wait: Ctrl-C inside Event.wait can break its lock (RuntimeError).
+            while not stop.is_set():
+                time.sleep(0.5)
     except KeyboardInterrupt:
-        say("")
+        pass
     finally:
-        say("stopping the shards and the master...")
+        # Another Ctrl-C must not cut the shutdown short: stop_all bounds every wait itself.
+        signal.signal(signal.SIGINT, lambda *_: say("  already stopping; each process gets at most a minute"))
+        say("\nstopping the shards and the master...")
         clean = demo.stop_all()
     say("stopped." if clean else "stopped (some processes had to be killed).")
     return 0 if clean else 1
