@@ -5,12 +5,17 @@ They only format values already loaded, so a changelist column built on them nev
 
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from common.constants import LOG_TAIL_BYTES, HostStatus, HQEStatus, JobStatus
+from common.models import Host
 
 # One color per status word, chosen so the eye finds trouble (red, orange) first.
 _COLORS: dict[str, str] = {
@@ -101,3 +106,35 @@ def pre(text: str, *, lines: int | None = None) -> SafeString:
         'white-space:pre-wrap;font-size:11px">{}</pre>',
         text,
     )
+
+
+class HostColumns:
+    """The host columns both admins show; labels come prefetched, so a host list never queries per row."""
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Host]:
+        return super().get_queryset(request).prefetch_related("labels")  # type: ignore[misc]
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, obj: Host) -> SafeString:
+        return status_badge(obj.status)
+
+    @admin.display(description="locked", ordering="locked")
+    def locked_badge(self, obj: Host) -> SafeString | str:
+        return badge("locked", title=obj.lock_reason) if obj.locked else ""
+
+    @admin.display(description="labels")
+    def label_list(self, obj: Host) -> str:
+        return ", ".join(label.name for label in obj.labels.all())
+
+
+class NoWrites:
+    """For master-owned data on a shard, and execution records: shown, never edited here."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

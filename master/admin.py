@@ -24,7 +24,7 @@ from django.urls import reverse, reverse_lazy
 from django.utils import timezone
 from django.utils.safestring import SafeString
 
-from common.admin_ui import age, badge, pre, status_badge
+from common.admin_ui import HostColumns, age, badge, pre, status_badge
 from common.errors import FleetshardError
 from common.models import Host, HostQueueEntry, Job, Label, Shard, Token
 from master import services
@@ -234,7 +234,7 @@ class LabelAdmin(ServiceAdmin):
 
 
 @admin.register(Host)
-class HostAdmin(ServiceAdmin):
+class HostAdmin(HostColumns, ServiceAdmin):
     list_display = ["hostname", "status_badge", "locked_badge", "lock_reason", "shard", "label_list"]
     list_filter = ["status", "shard", "labels", "locked"]
     search_fields = ["hostname"]
@@ -243,21 +243,6 @@ class HostAdmin(ServiceAdmin):
     readonly_fields = fields
     actions = ["lock_hosts", "unlock_hosts", "add_label", "remove_label", "delete_hosts"]
     add_form = HostCreateForm
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[Host]:
-        return super().get_queryset(request).prefetch_related("labels")
-
-    @admin.display(description="status", ordering="status")
-    def status_badge(self, obj: Host) -> SafeString:
-        return status_badge(obj.status)
-
-    @admin.display(description="locked", ordering="locked")
-    def locked_badge(self, obj: Host) -> SafeString | str:
-        return badge("locked", title=obj.lock_reason) if obj.locked else ""
-
-    @admin.display(description="labels")
-    def label_list(self, obj: Host) -> str:
-        return ", ".join(label.name for label in obj.labels.all())
 
     def create(self, request: HttpRequest, form: forms.Form) -> HttpResponse:
         data = form.cleaned_data

@@ -19,7 +19,7 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.safestring import SafeString
 
-from common.admin_ui import age, badge, color_of, log_tail_of, pre, status_badge
+from common.admin_ui import HostColumns, NoWrites, age, badge, color_of, log_tail_of, pre, status_badge
 from common.constants import HostStatus, HQEStatus
 from common.models import DeadLetter, Host, HostQueueEntry, Job, Label, OutboxEntry, ShardState
 
@@ -68,29 +68,13 @@ def summary() -> dict[str, Any]:
     }
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+class ReadOnlyAdmin(NoWrites, admin.ModelAdmin):
+    pass
 
 
-class ReadOnlyInline(admin.TabularInline):
+class ReadOnlyInline(NoWrites, admin.TabularInline):
     extra = 0
     can_delete = False
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 def _log(hqe: HostQueueEntry, lines: int | None) -> SafeString:
@@ -98,27 +82,12 @@ def _log(hqe: HostQueueEntry, lines: int | None) -> SafeString:
 
 
 @admin.register(Host, site=shard_site)
-class HostAdmin(ReadOnlyAdmin):
+class HostAdmin(HostColumns, ReadOnlyAdmin):
     list_display = ["hostname", "status_badge", "locked_badge", "lock_reason", "label_list", "retired", "version"]
     list_filter = ["status", "locked", "labels", "retired"]
     search_fields = ["hostname"]
     fields = ["hostname", "status_badge", "label_list", "locked", "lock_reason", "attributes", "retired", "version"]
     readonly_fields = fields
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[Host]:
-        return super().get_queryset(request).prefetch_related("labels")
-
-    @admin.display(description="status", ordering="status")
-    def status_badge(self, obj: Host) -> SafeString:
-        return status_badge(obj.status)
-
-    @admin.display(description="locked", ordering="locked")
-    def locked_badge(self, obj: Host) -> SafeString | str:
-        return badge("locked", title=obj.lock_reason) if obj.locked else ""
-
-    @admin.display(description="labels")
-    def label_list(self, obj: Host) -> str:
-        return ", ".join(label.name for label in obj.labels.all())
 
 
 class ActiveFilter(admin.SimpleListFilter):

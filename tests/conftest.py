@@ -19,10 +19,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     if settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
         return
-    skip = pytest.mark.skip(reason="needs PostgreSQL's row locks and concurrent transactions (SQLite run)")
     for item in items:
-        if "postgres_only" in item.keywords:
-            item.add_marker(skip)
+        marker = item.get_closest_marker("postgres_only")
+        if marker is not None:
+            why = marker.kwargs.get("reason", "needs PostgreSQL's row locks and concurrent transactions")
+            item.add_marker(pytest.mark.skip(reason=f"{why} (SQLite run)"))
 
 
 class Fleet:

@@ -162,7 +162,7 @@ def test_a_wrong_token_is_reported_and_retried(transactional_db, master_server, 
         client.tick()
 
 
-@pytest.mark.postgres_only
+@pytest.mark.postgres_only(reason="stands in for a database restart by killing the shard's PostgreSQL backend")
 def test_client_loop_survives_a_database_restart(transactional_db, master_server, world, settings):
     """The shard's connection is killed (as a database restart would); the loop reconnects and goes on."""
     settings.FLEETSHARD_HEARTBEAT_INTERVAL_S = 0.2
