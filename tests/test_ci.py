@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from tests.support import ROOT, free_port
 
 
@@ -19,6 +21,7 @@ def test_unreachable_postgres_fails_with_the_address():
     assert f"PostgreSQL is unreachable at 127.0.0.1:{port}" in result.stderr
 
 
+@pytest.mark.postgres_only(reason="checks the PostgreSQL that this run uses")
 def test_reachable_postgres_passes():
     result = check("postgres://postgres@127.0.0.1:5432/fleetshard")
     assert result.returncode == 0, result.stderr
