@@ -200,13 +200,26 @@ class ShardProcess:
         return self.role.shell(code)
 
 
+_shard_databases: list[str] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def drop_shard_databases() -> Iterator[None]:
+    """At the end of the run, drops every PostgreSQL database a shard under test was given."""
+    yield
+    while _shard_databases:
+        drop_database(_shard_databases.pop())
+
+
 def make_shard_process(tmp: Path, master: Master, hostname: str, token: str, **extra_env: str) -> ShardProcess:
     """A shard's own fresh database, migrated, and the environment to run `run_shard` against `master`."""
     data_dir = tmp / hostname
     data_dir.mkdir(parents=True, exist_ok=True)
+    database_url = fresh_database_url(data_dir, hostname.replace(".", "_"))
+    _shard_databases.append(database_url)
     role = Role(
         "shard",
-        fresh_database_url(data_dir, hostname.replace(".", "_")),
+        database_url,
         data_dir,
         {
             "FLEETSHARD_MASTER_URL": master.url,
