@@ -113,6 +113,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Operation ids stay `hosts_list` and friends even with endpoints outside /api/v1/ (/metrics).
+    "SCHEMA_PATH_PREFIX": r"/api/v1",
     "ENUM_NAME_OVERRIDES": {
         "HostStatusEnum": "common.constants.HostStatus.ALL",
         "JobStatusEnum": "common.constants.JobStatus.ALL",

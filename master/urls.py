@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from master.metrics import MetricsView
 from master.overview import fleet_overview
 from master.views import heartbeat
 
@@ -9,4 +10,5 @@ urlpatterns = [
     path("api/v1/heartbeat", heartbeat, name="heartbeat"),
     path("api/v1/", include("master.api.urls")),
     path("admin/", admin.site.urls),
+    path("metrics", MetricsView.as_view(), name="metrics"),
 ]
