@@ -495,7 +495,19 @@ def job_stat(run: Run, job_id: int) -> None:
         ("Parent", "parent"),
         ("Aborted", "aborted"),
     ]
-    run.done(obj, lambda: fields(obj, keys) + "\n\n" + table(obj["hqes"], HQE_COLUMNS))
+    run.done(obj, lambda: fields(obj, keys) + "\n\n" + table(obj["hqes"], HQE_COLUMNS) + log_tails(obj["hqes"]))
+
+
+def log_tails(hqes: list[dict[str, Any]], lines: int = 20) -> str:
+    """The last lines each entry's run printed: what a person reads first when a job failed."""
+    parts = []
+    for hqe in hqes:
+        tail = (hqe.get("log_tail") or "").rstrip("\n").splitlines()[-lines:]
+        if tail:
+            parts.append(
+                f"\n\nLog of entry {hqe['id']} on {hqe['host'] or '-'} (last {len(tail)} lines):\n" + "\n".join(tail)
+            )
+    return "".join(parts)
 
 
 @job.command("abort")

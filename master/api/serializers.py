@@ -116,6 +116,21 @@ class JobSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class HQEDetailSerializer(HQESerializer):
+    class Meta(HQESerializer.Meta):
+        fields = [*HQESerializer.Meta.fields, "log_tail"]
+        read_only_fields = fields
+
+
+class JobDetailSerializer(JobSerializer):
+    """One job with its entries' log tails, which lists leave out: each may be 16 KiB."""
+
+    hqes = HQEDetailSerializer(many=True, read_only=True)
+
+    class Meta(JobSerializer.Meta):
+        pass
+
+
 class ErrorSerializer(serializers.Serializer):
     """Every error response: a one-line message, and details such as the offending field."""
 

@@ -249,7 +249,12 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
 
     def get_queryset(self) -> QuerySet:
         hqes = HostQueueEntry.objects.select_related("host", "meta_host")
+        if self.action != "retrieve":
+            hqes = hqes.defer("log_tail")
         return Job.objects.select_related("shard").prefetch_related("dependency_labels", Prefetch("hqes", hqes))
+
+    def get_serializer_class(self) -> type[Serializer]:
+        return s.JobDetailSerializer if self.action == "retrieve" else s.JobSerializer
 
     def get_object(self) -> Job:
         raw = _path_name(self.kwargs["id"], "job")

@@ -147,6 +147,19 @@ def test_job_stat(cli, fleet):
     fails(cli("job", "stat", "x"), "Invalid value for 'ID'", code=2)
 
 
+def test_job_stat_shows_the_log_tail_of_a_failed_run_and_lists_leave_it_out(cli, fleet):
+    job = fleet.job()
+    lines = "".join(f"step {i}\n" for i in range(30)) + "camera HAL not responding\n"
+    job.hqes.update(status="Failed", failure="test", exit_code=3, log_tail=lines)
+    out = ok(cli("job", "stat", str(job.id))).stdout
+    assert f"Log of entry {job.hqes.get().id} on - (last 20 lines):" in out
+    assert out.rstrip().endswith("camera HAL not responding") and "step 10\n" not in out and "step 11\n" in out
+    obj = json.loads(ok(cli("job", "stat", str(job.id), "--json")).stdout)
+    assert obj["hqes"][0]["log_tail"] == lines
+    listed = json.loads(ok(cli("job", "list", "--json")).stdout)
+    assert "log_tail" not in listed[0]["hqes"][0]
+
+
 def test_job_abort_by_owner_and_staff(cli, server, fleet):
     mine = fleet.job("mine")  # owner ana
     other = fleet.job("other")
