@@ -8,14 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from django.contrib import admin
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from common.constants import LOG_TAIL_BYTES, HostStatus, HQEStatus, JobStatus
-from common.models import Host
+from common.models import Host, Job
 
 # One color per status word, chosen so the eye finds trouble (red, orange) first.
 _COLORS: dict[str, str] = {
@@ -125,6 +125,21 @@ class HostColumns:
     @admin.display(description="labels")
     def label_list(self, obj: Host) -> str:
         return ", ".join(label.name for label in obj.labels.all())
+
+
+class JobColumns:
+    """The job columns both admins show; the HQE count is annotated, not queried per row."""
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
+        return super().get_queryset(request).annotate(hqe_count=Count("hqes"))  # type: ignore[misc]
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, obj: Job) -> SafeString:
+        return status_badge(obj.status)
+
+    @admin.display(description="HQEs", ordering="hqe_count")
+    def hqe_count(self, obj: Job) -> int:
+        return obj.hqe_count  # type: ignore[attr-defined]
 
 
 class NoWrites:

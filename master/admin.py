@@ -17,14 +17,14 @@ from django.contrib.admin import helpers
 from django.contrib.admin.models import ADDITION, CHANGE, DELETION, LogEntry
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse, reverse_lazy
 from django.utils import timezone
 from django.utils.safestring import SafeString
 
-from common.admin_ui import HostColumns, age, badge, pre, status_badge
+from common.admin_ui import HostColumns, JobColumns, NoWrites, age, badge, pre, status_badge
 from common.errors import FleetshardError
 from common.models import Host, HostQueueEntry, Job, Label, Shard, Token
 from master import services
@@ -486,7 +486,7 @@ class JobLabelFilter(admin.SimpleListFilter):
         )
 
 
-class HQEInline(admin.TabularInline):
+class HQEInline(NoWrites, admin.TabularInline):
     model = HostQueueEntry
     fields = ["id", "host", "meta_host", "status_badge", "failure", "exit_code", "started_on", "finished_on", "log"]
     readonly_fields = fields
@@ -496,15 +496,6 @@ class HQEInline(admin.TabularInline):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[HostQueueEntry]:
         return super().get_queryset(request).select_related("host", "meta_host")
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     @admin.display(description="status")
     def status_badge(self, obj: HostQueueEntry) -> SafeString:
@@ -516,7 +507,7 @@ class HQEInline(admin.TabularInline):
 
 
 @admin.register(Job)
-class JobAdmin(ServiceAdmin):
+class JobAdmin(JobColumns, ServiceAdmin):
     list_display = ["id", "name", "owner", "priority", "status_badge", "shard", "hqe_count", "aborted", "created_on"]
     list_display_links = ["id", "name"]
     list_filter = ["status", "shard", JobLabelFilter, "aborted"]
@@ -543,17 +534,6 @@ class JobAdmin(ServiceAdmin):
     readonly_fields = fields
     inlines = [HQEInline]
     actions = ["abort_jobs"]
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
-        return super().get_queryset(request).annotate(hqe_count=Count("hqes"))
-
-    @admin.display(description="status", ordering="status")
-    def status_badge(self, obj: Job) -> SafeString:
-        return status_badge(obj.status)
-
-    @admin.display(description="HQEs", ordering="hqe_count")
-    def hqe_count(self, obj: Job) -> int:
-        return obj.hqe_count  # type: ignore[attr-defined]
 
     @admin.display(description="command")
     def command_shown(self, obj: Job) -> SafeString:

@@ -19,7 +19,7 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.safestring import SafeString
 
-from common.admin_ui import HostColumns, NoWrites, age, badge, color_of, log_tail_of, pre, status_badge
+from common.admin_ui import HostColumns, JobColumns, NoWrites, age, badge, color_of, log_tail_of, pre, status_badge
 from common.constants import HostStatus, HQEStatus
 from common.models import DeadLetter, Host, HostQueueEntry, Job, Label, OutboxEntry, ShardState
 
@@ -167,7 +167,7 @@ class HQEInline(ReadOnlyInline):
 
 
 @admin.register(Job, site=shard_site)
-class JobAdmin(ReadOnlyAdmin):
+class JobAdmin(JobColumns, ReadOnlyAdmin):
     list_display = ["id", "name", "owner", "priority", "status_badge", "hqe_count", "aborted", "created_on"]
     list_display_links = ["id", "name"]
     list_filter = ["status", "aborted"]
@@ -191,17 +191,6 @@ class JobAdmin(ReadOnlyAdmin):
     ]
     readonly_fields = fields
     inlines = [HQEInline]
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
-        return super().get_queryset(request).annotate(hqe_count=Count("hqes"))
-
-    @admin.display(description="status", ordering="status")
-    def status_badge(self, obj: Job) -> SafeString:
-        return status_badge(obj.status)
-
-    @admin.display(description="HQEs", ordering="hqe_count")
-    def hqe_count(self, obj: Job) -> int:
-        return obj.hqe_count  # type: ignore[attr-defined]
 
 
 @admin.register(Label, site=shard_site)
