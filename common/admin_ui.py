@@ -15,7 +15,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from common.constants import LOG_TAIL_BYTES, HostStatus, HQEStatus, JobStatus
-from common.models import Host, Job
+from common.models import Host, HostQueueEntry, Job
 
 # One color per status word, chosen so the eye finds trouble (red, orange) first.
 _COLORS: dict[str, str] = {
@@ -153,3 +153,20 @@ class NoWrites:
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+class HQEInlineBase(NoWrites, admin.TabularInline):
+    """An HQE under its job on either site; a site says only where its `log` column comes from."""
+
+    model = HostQueueEntry
+    fields = ["id", "host", "meta_host", "status_badge", "failure", "exit_code", "started_on", "finished_on", "log"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[HostQueueEntry]:
+        return super().get_queryset(request).select_related("host", "meta_host")
+
+    @admin.display(description="status")
+    def status_badge(self, obj: HostQueueEntry) -> SafeString:
+        return status_badge(obj.status)

@@ -24,7 +24,7 @@ from django.urls import reverse, reverse_lazy
 from django.utils import timezone
 from django.utils.safestring import SafeString
 
-from common.admin_ui import HostColumns, JobColumns, NoWrites, age, badge, pre, status_badge
+from common.admin_ui import HostColumns, HQEInlineBase, JobColumns, age, badge, pre
 from common.errors import FleetshardError
 from common.models import Host, HostQueueEntry, Job, Label, Shard, Token
 from master import services
@@ -486,20 +486,8 @@ class JobLabelFilter(admin.SimpleListFilter):
         )
 
 
-class HQEInline(NoWrites, admin.TabularInline):
-    model = HostQueueEntry
-    fields = ["id", "host", "meta_host", "status_badge", "failure", "exit_code", "started_on", "finished_on", "log"]
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
+class HQEInline(HQEInlineBase):
     show_change_link = False
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[HostQueueEntry]:
-        return super().get_queryset(request).select_related("host", "meta_host")
-
-    @admin.display(description="status")
-    def status_badge(self, obj: HostQueueEntry) -> SafeString:
-        return status_badge(obj.status)
 
     @admin.display(description="log tail")
     def log(self, obj: HostQueueEntry) -> SafeString:

@@ -19,7 +19,18 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.safestring import SafeString
 
-from common.admin_ui import HostColumns, JobColumns, NoWrites, age, badge, color_of, log_tail_of, pre, status_badge
+from common.admin_ui import (
+    HostColumns,
+    HQEInlineBase,
+    JobColumns,
+    NoWrites,
+    age,
+    badge,
+    color_of,
+    log_tail_of,
+    pre,
+    status_badge,
+)
 from common.constants import HostStatus, HQEStatus
 from common.models import DeadLetter, Host, HostQueueEntry, Job, Label, OutboxEntry, ShardState
 
@@ -70,11 +81,6 @@ def summary() -> dict[str, Any]:
 
 class ReadOnlyAdmin(NoWrites, admin.ModelAdmin):
     pass
-
-
-class ReadOnlyInline(NoWrites, admin.TabularInline):
-    extra = 0
-    can_delete = False
 
 
 def _log(hqe: HostQueueEntry, lines: int | None) -> SafeString:
@@ -148,18 +154,8 @@ class HQEAdmin(ReadOnlyAdmin):
         return _log(obj, lines=None)
 
 
-class HQEInline(ReadOnlyInline):
-    model = HostQueueEntry
-    fields = ["id", "host", "meta_host", "status_badge", "failure", "exit_code", "started_on", "finished_on", "log"]
-    readonly_fields = fields
+class HQEInline(HQEInlineBase):
     show_change_link = True
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[HostQueueEntry]:
-        return super().get_queryset(request).select_related("host", "meta_host")
-
-    @admin.display(description="status")
-    def status_badge(self, obj: HostQueueEntry) -> SafeString:
-        return status_badge(obj.status)
 
     @admin.display(description="log tail")
     def log(self, obj: HostQueueEntry) -> SafeString:
