@@ -4,6 +4,7 @@ Only the structure is checked here. Whether an update makes sense (a known HQE, 
 is judged per update by the master, so one bad update is rejected without failing the batch.
 """
 
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -11,6 +12,19 @@ from typing import Any
 from django.utils.dateparse import parse_datetime
 
 from common.constants import MAX_UPDATES_PER_HEARTBEAT, PROTOCOL_VERSION, HostStatus
+
+# NUL and lone surrogates: no database stores them as text, and no JSON encoder on the other side
+# has to accept them (DESIGN.md, "Values on the wire").
+_UNSAFE_CHARS = re.compile("[\x00\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """`text` with NUL and lone surrogates replaced by U+FFFD: for anything a job wrote."""
+    return _UNSAFE_CHARS.sub("\ufffd", text)
+
+
+def has_unsafe_chars(text: str) -> bool:
+    return _UNSAFE_CHARS.search(text) is not None
 
 
 class WireError(Exception):

@@ -28,6 +28,10 @@ class ProtocolRefused(HeartbeatFailed):
     """The master does not speak this client's protocol: retrying cannot help."""
 
 
+class InstanceRefused(ProtocolRefused):
+    """Another instance of this shard (another database with the same token) is live: run nothing."""
+
+
 def jittered(interval: float) -> float:
     return interval * random.uniform(0.9, 1.1)
 
@@ -44,6 +48,9 @@ class HeartbeatClient:
         self.shard_hostname = shard_hostname
         self.timeout = (5.0, timeout_s or settings.FLEETSHARD_REQUEST_TIMEOUT_S)
         self.interval = settings.FLEETSHARD_HEARTBEAT_INTERVAL_S
+        # Set once the master has accepted this shard database's instance: until then the shard
+        # touches no run, process or host (DESIGN.md, "Shard instances").
+        self.accepted = threading.Event()
         self.session = requests.Session()
         self.session.headers["Authorization"] = f"Bearer {token}"
         # Only failed connects are retried here: the request never reached the master. Anything
@@ -87,6 +94,7 @@ class HeartbeatClient:
         except (KeyError, TypeError, ValueError) as exc:
             raise HeartbeatFailed(f"cannot apply the master's answer: {exc!r}") from exc
         self.interval = float(response.get("heartbeat_interval_s") or self.interval)
+        self.accepted.set()
         return response, result
 
     def run(self, stop: threading.Event) -> None:
