@@ -28,7 +28,7 @@ from django.test.utils import CaptureQueriesContext  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from common.models import Host, HostQueueEntry  # noqa: E402
-from common.wire import format_time  # noqa: E402
+from common.wire import HeartbeatResponse, format_time  # noqa: E402
 from shard.ingest import apply_response  # noqa: E402
 from shard.scheduler import Scheduler, SchedulerConfig  # noqa: E402
 
@@ -54,7 +54,7 @@ def fill(hosts: int, jobs: int, label: str) -> None:
              "parent_id": None, "aborted": False, "created_on": now,
              "hqes": [{"id": i, "host_id": None, "meta_host": label}]}
         )  # fmt: skip
-    apply_response({"hosts": host_wire, "jobs": job_wire})
+    apply_response(HeartbeatResponse.parse({"protocol": 1, "hosts": host_wire, "jobs": job_wire}))
 
 
 def measure(hosts: int, jobs: int, results: Path) -> None:

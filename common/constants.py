@@ -53,6 +53,18 @@ class FailureClass:
     ALL: Final = (TEST, TIMEOUT, INFRA)
 
 
+# The only moves an HQE makes (both sides check them): nothing leaves a terminal status.
+HQE_TRANSITIONS: Final[dict[str, frozenset[str]]] = {
+    HQEStatus.QUEUED: frozenset({HQEStatus.STARTING, HQEStatus.RUNNING, *HQEStatus.TERMINAL}),
+    HQEStatus.STARTING: frozenset({HQEStatus.RUNNING, *HQEStatus.TERMINAL}),
+    HQEStatus.RUNNING: frozenset(HQEStatus.TERMINAL),
+}
+
+
+def hqe_can_move(old: str, new: str) -> bool:
+    return new in HQE_TRANSITIONS.get(old, frozenset())
+
+
 PRIORITY_NAMES: Final = {"low": 10, "default": 40, "high": 70, "super": 80}
 DEFAULT_PRIORITY: Final = PRIORITY_NAMES["default"]
 

@@ -30,6 +30,9 @@ class Shard(models.Model):
     updates_applied = models.PositiveBigIntegerField(
         default=0, help_text="Updates applied since the shard was created."
     )
+    # The shard database the master last heard from (docs/protocol.md, "Shard instances").
+    instance = models.CharField(max_length=36, blank=True, default="")
+    instance_since = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["hostname"]
@@ -223,6 +226,10 @@ class ShardState(models.Model):
 
     last_seq = models.BigIntegerField(default=0)
     last_heartbeat_ok = models.DateTimeField(null=True, blank=True)
+    # This database's instance id, and the physical identity it was taken for: a copied database
+    # (another file, another cluster or oid) no longer matches and takes a new instance id.
+    instance = models.CharField(max_length=36, blank=True, default="")
+    identity = models.CharField(max_length=255, blank=True, default="")
 
     def __str__(self) -> str:
         return f"shard state (last seq {self.last_seq})"

@@ -1,19 +1,39 @@
-"""The heartbeat's wire format (DESIGN.md, "The heartbeat"): parsing requests with errors that name the field.
+"""The heartbeat's wire contract (docs/protocol.md): typed, frozen records with one parse and one
+serialise each, used by the master and the shard alike.
 
-Only the structure is checked here. Whether an update makes sense (a known HQE, a valid status word)
-is judged per update by the master, so one bad update is rejected without failing the batch.
+Every value rule of the protocol lives here: integer ranges, timestamps, NUL and lone surrogates,
+nesting depth, types. A request whose envelope breaks a rule is a `WireError` (400, naming the field);
+an update that breaks one becomes a `RejectedUpdate`, acked `rejected` with the reason, so one bad
+update never blocks the others. Nothing here touches the database.
 """
 
+import json
 import re
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, TypeVar
 
 from django.utils.dateparse import parse_datetime
 
-from common.constants import MAX_UPDATES_PER_HEARTBEAT, PROTOCOL_VERSION, HostStatus
+from common.constants import (
+    LOG_TAIL_BYTES,
+    MAX_UPDATES_PER_HEARTBEAT,
+    PROTOCOL_VERSION,
+    FailureClass,
+    HostStatus,
+    HQEStatus,
+)
 
-# NUL and lone surrogates: no database stores them as text, and no JSON encoder on the other side
+ID_MIN, ID_MAX = 1, 2**63 - 1
+EXIT_MIN, EXIT_MAX = -(2**31), 2**31 - 1
+YEAR_MIN, YEAR_MAX = 2000, 2100
+MAX_DEPTH = 32
+MAX_NAME_CHARS = 255
+MAX_VERSION_CHARS = 64
+
+# NUL and lone surrogates: no database stores them as text, and no JSON decoder on the other side
 # has to accept them (DESIGN.md, "Values on the wire").
 _UNSAFE_CHARS = re.compile("[\x00\ud800-\udfff]")
 
@@ -28,6 +48,8 @@ def has_unsafe_chars(text: str) -> bool:
 
 
 class WireError(Exception):
+    """A value breaks the contract; `field` is its path in the body (`updates[3].seq`)."""
+
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
@@ -38,11 +60,195 @@ class ProtocolMismatch(WireError):
     pass
 
 
+# JSON in and out.
+
+
+def loads(raw: bytes | str) -> Any:
+    """Parses a body, refusing one nested deeper than MAX_DEPTH (a 400, never a RecursionError)."""
+    try:
+        value = json.loads(raw)
+    except RecursionError:
+        raise WireError("body", f"JSON nested deeper than {MAX_DEPTH} levels") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise WireError("body", f"not valid JSON: {exc}") from None
+    if depth_exceeds(value, MAX_DEPTH):
+        raise WireError("body", f"JSON nested deeper than {MAX_DEPTH} levels")
+    return value
+
+
+def depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether containers nest more than `limit` deep; iterative, so any depth is safe to check."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
+
+
+def parse_time(value: object) -> datetime | None:
+    """An ISO 8601 time with a zone between 2000 and 2100, as UTC, or None; ValueError names the problem."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > 64:
+        raise ValueError(f"expected an ISO 8601 time, got {_show(value)}")
+    try:
+        parsed = parse_datetime(value)
+    except ValueError:
+        parsed = None
+    if parsed is None or parsed.tzinfo is None:
+        raise ValueError(f"expected an ISO 8601 time with a zone, got {_show(value)}")
+    try:
+        parsed = parsed.astimezone(UTC)
+    except (OverflowError, ValueError):
+        raise ValueError(f"time {_show(value)} is out of range") from None
+    if not YEAR_MIN <= parsed.year < YEAR_MAX or (
+        parsed.year == YEAR_MAX and parsed > datetime(YEAR_MAX, 1, 1, tzinfo=UTC)
+    ):
+        raise ValueError(f"time {_show(value)} is not between {YEAR_MIN} and {YEAR_MAX}")
+    return parsed
+
+
+def format_time(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _show(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# Reading one object's fields, with errors that name their path.
+
+T = TypeVar("T")
+
+
+class _Fields:
+    def __init__(self, obj: object, path: str) -> None:
+        if not isinstance(obj, dict):
+            raise WireError(path, f"expected an object, got {type(obj).__name__}")
+        self.obj: dict[str, Any] = obj
+        self.path = path
+
+    def _at(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def fail(self, key: str, message: str) -> WireError:
+        return WireError(self._at(key), message)
+
+    def integer(self, key: str, lo: int = ID_MIN, hi: int = ID_MAX, *, optional: bool = False) -> int | None:
+        value = self.obj.get(key)
+        if value is None:
+            if optional:
+                return None
+            raise self.fail(key, "required" if key not in self.obj else "must not be null")
+        if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+            raise self.fail(key, f"expected an integer from {lo} to {hi}, got {_show(value)}")
+        return value
+
+    def id(self, key: str) -> int:
+        value = self.integer(key)
+        assert value is not None
+        return value
+
+    def text(self, key: str, max_chars: int, *, default: str | None = None, empty: bool = True) -> str:
+        value = self.obj.get(key, default)
+        if value is None:
+            raise self.fail(key, "required" if key not in self.obj else "must not be null")
+        if not isinstance(value, str):
+            raise self.fail(key, f"expected a string, got {type(value).__name__}")
+        if len(value) > max_chars:
+            raise self.fail(key, f"at most {max_chars} characters, got {len(value)}")
+        if not empty and not value:
+            raise self.fail(key, "must not be empty")
+        if has_unsafe_chars(value):
+            raise self.fail(key, "contains NUL or a lone surrogate")
+        return value
+
+    def choice(self, key: str, allowed: tuple[str, ...], *, default: str | None = None) -> str:
+        value = self.obj.get(key, default)
+        if value not in allowed:
+            raise self.fail(key, f"expected one of {', '.join(allowed)}, got {_show(value)}")
+        return value  # type: ignore[return-value]
+
+    def boolean(self, key: str, *, default: bool | None = None) -> bool:
+        value = self.obj.get(key, default)
+        if not isinstance(value, bool):
+            raise self.fail(key, f"expected true or false, got {_show(value)}")
+        return value
+
+    def time(self, key: str, *, optional: bool = True) -> datetime | None:
+        try:
+            value = parse_time(self.obj.get(key))
+        except ValueError as exc:
+            raise self.fail(key, str(exc)) from None
+        if value is None and not optional:
+            raise self.fail(key, "required")
+        return value
+
+    def items(self, key: str, *, max_items: int | None = None) -> list[Any]:
+        value = self.obj.get(key, [])
+        if not isinstance(value, list):
+            raise self.fail(key, f"expected a list, got {type(value).__name__}")
+        if max_items is not None and len(value) > max_items:
+            raise self.fail(key, f"at most {max_items} items, got {len(value)}")
+        return value
+
+    def each(self, key: str, parse: Callable[["_Fields"], T], *, max_items: int | None = None) -> list[T]:
+        return [
+            parse(_Fields(item, f"{self._at(key)}[{i}]")) for i, item in enumerate(self.items(key, max_items=max_items))
+        ]
+
+    def names(self, key: str) -> list[str]:
+        items = self.items(key)
+        for i, name in enumerate(items):
+            if not isinstance(name, str) or not name or len(name) > MAX_NAME_CHARS or has_unsafe_chars(name):
+                raise WireError(f"{self._at(key)}[{i}]", f"expected a name of 1-{MAX_NAME_CHARS} characters")
+        return items
+
+    def scalars(self, key: str) -> dict[str, Any]:
+        """A flat object of names to strings, numbers, booleans or null (attributes, keyvals)."""
+        value = self.obj.get(key, {})
+        if not isinstance(value, dict):
+            raise self.fail(key, f"expected an object, got {type(value).__name__}")
+        for name, item in value.items():
+            if has_unsafe_chars(name) or (isinstance(item, str) and has_unsafe_chars(item)):
+                raise self.fail(key, f"{_show(name)} contains NUL or a lone surrogate")
+            if isinstance(item, dict | list):
+                raise self.fail(key, f"{_show(name)} must be a string, number, boolean or null")
+        return value
+
+
+def _body(obj: object) -> _Fields:
+    if not isinstance(obj, dict):
+        raise WireError("body", "expected a JSON object")
+    return _Fields(obj, "")
+
+
+# The request.
+
+
 @dataclass(frozen=True)
 class KnownHost:
     id: int
     version: int
     status: str
+
+    @classmethod
+    def parse(cls, f: _Fields) -> "KnownHost":
+        return cls(f.id("id"), f.id("version"), f.choice("status", HostStatus.ALL))
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"id": self.id, "version": self.version, "status": self.status}
 
 
 @dataclass(frozen=True)
@@ -50,101 +256,351 @@ class KnownJob:
     id: int
     version: int
 
+    @classmethod
+    def parse(cls, f: _Fields) -> "KnownJob":
+        return cls(f.id("id"), f.id("version"))
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"id": self.id, "version": self.version}
+
+
+@dataclass(frozen=True)
+class Update:
+    """One HQE status change from a shard's outbox. None means "not given": the master keeps its value."""
+
+    seq: int
+    hqe: int
+    status: str
+    job: int | None = None
+    host: int | None = None
+    failure: str = ""
+    exit_code: int | None = None
+    started_on: datetime | None = None
+    finished_on: datetime | None = None
+    log_tail: str | None = None
+
+    @classmethod
+    def parse(cls, f: _Fields, seq: int) -> "Update":
+        status = f.choice("status", HQEStatus.ALL)
+        failure = f.obj.get("failure") or ""
+        if status == HQEStatus.FAILED and failure not in FailureClass.ALL:
+            raise f.fail("failure", f"a Failed update needs one of {', '.join(FailureClass.ALL)}, got {_show(failure)}")
+        if status != HQEStatus.FAILED and failure:
+            raise f.fail("failure", f"only a Failed update has a failure class, got {_show(failure)}")
+        log_tail = f.obj.get("log_tail")
+        if log_tail is not None:
+            if not isinstance(log_tail, str):
+                raise f.fail("log_tail", f"expected a string, got {type(log_tail).__name__}")
+            if has_unsafe_chars(log_tail):
+                raise f.fail("log_tail", "contains NUL or a lone surrogate")
+            log_tail = log_tail[-LOG_TAIL_BYTES:]
+        return cls(
+            seq=seq,
+            hqe=f.id("hqe"),
+            status=status,
+            job=f.integer("job", optional=True),
+            host=f.integer("host", optional=True),
+            failure=failure,
+            exit_code=f.integer("exit_code", EXIT_MIN, EXIT_MAX, optional=True),
+            started_on=f.time("started_on"),
+            finished_on=f.time("finished_on"),
+            log_tail=log_tail,
+        )
+
+    def to_wire(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "seq": self.seq,
+            "hqe": self.hqe,
+            "job": self.job,
+            "status": self.status,
+            "host": self.host,
+            "started_on": format_time(self.started_on),
+            "finished_on": format_time(self.finished_on),
+        }
+        if self.failure:
+            body["failure"] = self.failure
+        if self.exit_code is not None:
+            body["exit_code"] = self.exit_code
+        if self.log_tail:
+            body["log_tail"] = self.log_tail
+        return body
+
+
+@dataclass(frozen=True)
+class RejectedUpdate:
+    """An update whose seq is sound but whose values are not: acked `rejected` with `error`."""
+
+    seq: int
+    error: str
+
 
 @dataclass(frozen=True)
 class HeartbeatRequest:
-    protocol: int
     shard: str
-    client_version: str
-    known_hosts: list[KnownHost]
-    known_jobs: list[KnownJob]
-    updates: list[dict[str, Any]]
+    instance: str
+    client_version: str = ""
+    known_hosts: list[KnownHost] = field(default_factory=list)
+    known_jobs: list[KnownJob] = field(default_factory=list)
+    updates: list[Update | RejectedUpdate] = field(default_factory=list)
+    protocol: int = PROTOCOL_VERSION
 
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _int(obj: dict[str, Any], key: str, path: str, *, minimum: int = 0) -> int:
-    if key not in obj:
-        raise WireError(f"{path}.{key}", "required")
-    value = obj[key]
-    if not _is_int(value) or value < minimum:
-        raise WireError(f"{path}.{key}", f"expected an integer >= {minimum}, got {value!r}")
-    return value
-
-
-def _list(body: dict[str, Any], key: str) -> list[Any]:
-    value = body.get(key, [])
-    if not isinstance(value, list):
-        raise WireError(key, f"expected a list, got {type(value).__name__}")
-    return value
-
-
-def _objects(body: dict[str, Any], key: str) -> list[dict[str, Any]]:
-    items = _list(body, key)
-    for i, item in enumerate(items):
-        if not isinstance(item, dict):
-            raise WireError(f"{key}[{i}]", f"expected an object, got {type(item).__name__}")
-    return items
-
-
-def check_protocol(body: object) -> None:
-    if not isinstance(body, dict):
-        raise WireError("body", "expected a JSON object")
-    if "protocol" not in body:
-        raise WireError("protocol", "required")
-    if body["protocol"] != PROTOCOL_VERSION:
-        raise ProtocolMismatch(
-            "protocol", f"protocol {body['protocol']!r} is not supported; this master speaks {PROTOCOL_VERSION}"
+    @classmethod
+    def parse(cls, body: object) -> "HeartbeatRequest":
+        f = _body(body)
+        check_protocol(f)
+        instance = f.text("instance", 64, default=None)
+        try:
+            instance = str(uuid.UUID(instance))
+        except ValueError:
+            raise f.fail("instance", f"expected a UUID naming the shard's database, got {_show(instance)}") from None
+        updates = f.items("updates", max_items=MAX_UPDATES_PER_HEARTBEAT)
+        return cls(
+            shard=f.text("shard", MAX_NAME_CHARS, default=None, empty=False),
+            instance=instance,
+            client_version=f.text("client_version", MAX_VERSION_CHARS, default=""),
+            known_hosts=f.each("known_hosts", KnownHost.parse),
+            known_jobs=f.each("known_jobs", KnownJob.parse),
+            updates=_parse_updates(updates),
         )
 
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "protocol": self.protocol,
+            "shard": self.shard,
+            "instance": self.instance,
+            "client_version": self.client_version,
+            "known_hosts": [h.to_wire() for h in self.known_hosts],
+            "known_jobs": [j.to_wire() for j in self.known_jobs],
+            "updates": [u.to_wire() for u in self.updates if isinstance(u, Update)],
+        }
 
-def parse_request(body: object) -> HeartbeatRequest:
-    check_protocol(body)
-    assert isinstance(body, dict)
-    shard = body.get("shard")
-    if not isinstance(shard, str) or not shard:
-        raise WireError("shard", "expected the shard's hostname")
-    client_version = body.get("client_version", "")
-    if not isinstance(client_version, str) or len(client_version) > 64:
-        raise WireError("client_version", "expected a string of at most 64 characters")
-    known_hosts = []
-    for i, item in enumerate(_objects(body, "known_hosts")):
-        path = f"known_hosts[{i}]"
-        status = item.get("status")
-        if status not in HostStatus.ALL:
-            raise WireError(f"{path}.status", f"expected one of {', '.join(HostStatus.ALL)}, got {status!r}")
-        known_hosts.append(KnownHost(_int(item, "id", path, minimum=1), _int(item, "version", path), status))
-    known_jobs = [
-        KnownJob(_int(item, "id", f"known_jobs[{i}]", minimum=1), _int(item, "version", f"known_jobs[{i}]"))
-        for i, item in enumerate(_objects(body, "known_jobs"))
-    ]
-    updates = _objects(body, "updates")
-    if len(updates) > MAX_UPDATES_PER_HEARTBEAT:
-        raise WireError("updates", f"at most {MAX_UPDATES_PER_HEARTBEAT} updates per heartbeat, got {len(updates)}")
+
+def check_protocol(f: _Fields) -> None:
+    if "protocol" not in f.obj:
+        raise WireError("protocol", "required")
+    value = f.obj["protocol"]
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise WireError("protocol", f"expected the integer {PROTOCOL_VERSION}, got {_show(value)}")
+    if value != PROTOCOL_VERSION:
+        raise ProtocolMismatch("protocol", f"protocol {value} is not supported; this side speaks {PROTOCOL_VERSION}")
+
+
+def _parse_updates(items: list[Any]) -> list[Update | RejectedUpdate]:
+    """Each update on its own: a bad seq is the body's fault (a 400), anything else only that update's."""
+    parsed: list[Update | RejectedUpdate] = []
     last = 0
-    for i, update in enumerate(updates):
-        seq = _int(update, "seq", f"updates[{i}]", minimum=1)
+    for i, item in enumerate(items):
+        f = _Fields(item, f"updates[{i}]")
+        seq = f.id("seq")
         if seq <= last:
-            raise WireError(f"updates[{i}].seq", f"seqs must grow within a heartbeat ({seq} after {last})")
+            raise f.fail("seq", f"seqs must grow within a heartbeat ({seq} after {last})")
         last = seq
-    return HeartbeatRequest(PROTOCOL_VERSION, shard, client_version, known_hosts, known_jobs, updates)
-
-
-def parse_time(value: object) -> datetime | None:
-    """An ISO 8601 time with a zone, or None; raises ValueError naming the problem."""
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise ValueError(f"expected an ISO 8601 time, got {value!r}")
-    parsed = parse_datetime(value)
-    if parsed is None or parsed.tzinfo is None:
-        raise ValueError(f"expected an ISO 8601 time with a zone, got {value!r}")
+        try:
+            parsed.append(Update.parse(f, seq))
+        except WireError as exc:
+            parsed.append(RejectedUpdate(seq, f"{exc.field.split('.', 1)[-1]}: {exc.message}"))
     return parsed
 
 
-def format_time(value: datetime | None) -> str | None:
-    if value is None:
-        return None
-    return value.isoformat().replace("+00:00", "Z")
+# The response.
+
+
+@dataclass(frozen=True)
+class HostRecord:
+    id: int
+    version: int
+    hostname: str
+    labels: list[str]
+    locked: bool
+    lock_reason: str
+    attributes: dict[str, Any]
+
+    @classmethod
+    def parse(cls, f: _Fields) -> "HostRecord":
+        return cls(
+            id=f.id("id"),
+            version=f.id("version"),
+            hostname=f.text("hostname", MAX_NAME_CHARS, empty=False),
+            labels=f.names("labels"),
+            locked=f.boolean("locked", default=False),
+            lock_reason=f.text("lock_reason", 1024, default=""),
+            attributes=f.scalars("attributes"),
+        )
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "version": self.version,
+            "hostname": self.hostname,
+            "labels": self.labels,
+            "locked": self.locked,
+            "lock_reason": self.lock_reason,
+            "attributes": self.attributes,
+        }
+
+
+@dataclass(frozen=True)
+class HQERecord:
+    """An HQE as the master sends it; `status` (an extension) lets a shard skip HQEs already ended."""
+
+    id: int
+    host_id: int | None
+    meta_host: str | None
+    status: str = HQEStatus.QUEUED
+
+    @classmethod
+    def parse(cls, f: _Fields) -> "HQERecord":
+        meta_host = f.obj.get("meta_host")
+        if meta_host is not None:
+            meta_host = f.text("meta_host", MAX_NAME_CHARS, empty=False)
+        host_id = f.integer("host_id", optional=True)
+        if (host_id is None) == (meta_host is None):
+            raise f.fail("host_id", "an HQE names either a host or a meta-host label")
+        return cls(f.id("id"), host_id, meta_host, f.choice("status", HQEStatus.ALL, default=HQEStatus.QUEUED))
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"id": self.id, "host_id": self.host_id, "meta_host": self.meta_host, "status": self.status}
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    id: int
+    version: int
+    name: str
+    owner: str
+    priority: int
+    command: str
+    timeout_mins: int
+    max_runtime_mins: int
+    dependency_labels: list[str]
+    keyvals: dict[str, Any]
+    parent_id: int | None
+    aborted: bool
+    created_on: datetime | None
+    hqes: list[HQERecord]
+
+    @classmethod
+    def parse(cls, f: _Fields) -> "JobRecord":
+        return cls(
+            id=f.id("id"),
+            version=f.id("version"),
+            name=f.text("name", MAX_NAME_CHARS),
+            owner=f.text("owner", 150),
+            priority=f.integer("priority", -(2**31), 2**31 - 1),  # type: ignore[arg-type]
+            command=f.text("command", 1024 * 1024, empty=False),
+            timeout_mins=f.integer("timeout_mins", 1, 2**31 - 1),  # type: ignore[arg-type]
+            max_runtime_mins=f.integer("max_runtime_mins", 1, 2**31 - 1),  # type: ignore[arg-type]
+            dependency_labels=f.names("dependency_labels"),
+            keyvals=f.scalars("keyvals"),
+            parent_id=f.integer("parent_id", optional=True),
+            aborted=f.boolean("aborted", default=False),
+            created_on=f.time("created_on"),
+            hqes=f.each("hqes", HQERecord.parse),
+        )
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "version": self.version,
+            "name": self.name,
+            "owner": self.owner,
+            "priority": self.priority,
+            "command": self.command,
+            "timeout_mins": self.timeout_mins,
+            "max_runtime_mins": self.max_runtime_mins,
+            "dependency_labels": self.dependency_labels,
+            "keyvals": self.keyvals,
+            "parent_id": self.parent_id,
+            "aborted": self.aborted,
+            "created_on": format_time(self.created_on),
+            "hqes": [h.to_wire() for h in self.hqes],
+        }
+
+
+@dataclass(frozen=True)
+class Ack:
+    seq: int
+    result: str
+    error: str = ""
+
+    @classmethod
+    def parse(cls, f: _Fields) -> "Ack":
+        result = f.choice("result", ("accepted", "rejected"))
+        return cls(f.id("seq"), result, f.text("error", 4096, default="") if result == "rejected" else "")
+
+    def to_wire(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"seq": self.seq, "result": self.result}
+        if self.result == "rejected":
+            body["error"] = self.error
+        return body
+
+
+@dataclass(frozen=True)
+class HeartbeatResponse:
+    """The master's answer. `parse` keeps every well-formed record and lists the others in `skipped`,
+    so one bad record costs only itself (the master sends it again until the shard holds it)."""
+
+    hosts: list[HostRecord] = field(default_factory=list)
+    removed_host_ids: list[int] = field(default_factory=list)
+    jobs: list[JobRecord] = field(default_factory=list)
+    suite_keyvals: dict[str, dict[str, Any]] = field(default_factory=dict)
+    acks: list[Ack] = field(default_factory=list)
+    more: bool = False
+    heartbeat_interval_s: float | None = None
+    skipped: list[str] = field(default_factory=list)
+    protocol: int = PROTOCOL_VERSION
+
+    @classmethod
+    def parse(cls, body: object) -> "HeartbeatResponse":
+        f = _body(body)
+        check_protocol(f)
+        skipped: list[str] = []
+        interval = f.obj.get("heartbeat_interval_s")
+        if interval is not None and (
+            not isinstance(interval, int | float) or isinstance(interval, bool) or not 0 < interval <= 3600
+        ):
+            raise f.fail("heartbeat_interval_s", f"expected seconds from 0 to 3600, got {_show(interval)}")
+        removed = f.items("removed_host_ids")
+        for i, host_id in enumerate(removed):
+            if not isinstance(host_id, int) or isinstance(host_id, bool) or not ID_MIN <= host_id <= ID_MAX:
+                raise WireError(f"removed_host_ids[{i}]", f"expected an id, got {_show(host_id)}")
+        suite = f.obj.get("suite_keyvals", {})
+        if not isinstance(suite, dict):
+            raise f.fail("suite_keyvals", "expected an object")
+        return cls(
+            hosts=_each_isolated(f, "hosts", HostRecord.parse, skipped),
+            removed_host_ids=removed,
+            jobs=_each_isolated(f, "jobs", JobRecord.parse, skipped),
+            suite_keyvals={k: _Fields({"v": v}, f"suite_keyvals.{k}").scalars("v") for k, v in suite.items()},
+            acks=_each_isolated(f, "acks", Ack.parse, skipped),
+            more=f.boolean("more", default=False),
+            heartbeat_interval_s=interval,
+            skipped=skipped,
+        )
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "protocol": self.protocol,
+            "hosts": [h.to_wire() for h in self.hosts],
+            "removed_host_ids": self.removed_host_ids,
+            "jobs": [j.to_wire() for j in self.jobs],
+            "suite_keyvals": self.suite_keyvals,
+            "acks": [a.to_wire() for a in self.acks],
+            "more": self.more,
+            "heartbeat_interval_s": self.heartbeat_interval_s,
+        }
+
+
+def _each_isolated(f: _Fields, key: str, parse: Callable[[_Fields], T], skipped: list[str]) -> list[T]:
+    records = []
+    for i, item in enumerate(f.items(key)):
+        try:
+            records.append(parse(_Fields(item, f"{key}[{i}]")))
+        except WireError as exc:
+            skipped.append(str(exc))
+    return records
+
+
+def error_body(message: str, field_name: str | None, **detail: Any) -> Mapping[str, Any]:
+    """The shape of every heartbeat error: `{"error": ..., "detail": {"field": ...}}`."""
+    return {"error": message, "detail": {"field": field_name, **detail} if field_name else (detail or None)}

@@ -1,6 +1,5 @@
 """The heartbeat endpoint: authenticate, parse, hand to master.heartbeat, render. Errors change nothing."""
 
-import json
 import logging
 
 from django.core.exceptions import RequestDataTooBig
@@ -9,14 +8,14 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from common.tokens import find_token
-from common.wire import ProtocolMismatch, WireError, check_protocol, parse_request
-from master.heartbeat import process_heartbeat
+from common.wire import HeartbeatRequest, ProtocolMismatch, WireError, error_body, loads
+from master.heartbeat import InstanceConflict, process_heartbeat
 
 log = logging.getLogger(__name__)
 
 
-def _error(status: int, message: str, detail: object = None) -> JsonResponse:
-    return JsonResponse({"error": message, "detail": detail}, status=status)
+def _error(status: int, message: str, field: str | None = None, **detail: object) -> JsonResponse:
+    return JsonResponse(error_body(message, field, **detail), status=status)
 
 
 @csrf_exempt
@@ -25,31 +24,30 @@ def heartbeat(request: HttpRequest) -> JsonResponse:
     try:
         raw_body = request.body
     except RequestDataTooBig:
-        return _error(413, "request body is larger than 10 MiB", {"field": "body"})
+        return _error(413, "request body is larger than 10 MiB", "body")
 
     scheme, _, raw_token = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not raw_token.strip():
-        return _error(401, "missing shard token: send 'Authorization: Bearer <shard token>'")
+        return _error(401, "missing shard token: send 'Authorization: Bearer <shard token>'", "Authorization")
     token = find_token(raw_token.strip())
     if token is None:
-        return _error(401, "unknown or revoked shard token")
+        return _error(401, "unknown or revoked shard token", "Authorization")
 
     try:
-        body = json.loads(raw_body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        return _error(400, f"body is not valid JSON: {exc}", {"field": "body"})
-    try:
-        check_protocol(body)
-        req = parse_request(body)
+        req = HeartbeatRequest.parse(loads(raw_body))
     except ProtocolMismatch as exc:
-        return _error(409, exc.message, {"field": exc.field, "supported": [1]})
+        return _error(409, exc.message, exc.field, supported=[1])
     except WireError as exc:
-        return _error(400, f"invalid heartbeat: {exc}", {"field": exc.field})
+        return _error(400, f"invalid heartbeat: {exc}", exc.field)
 
     if token.shard is None:
-        return _error(403, "a personal token cannot heartbeat; use the shard's token", {"field": "Authorization"})
+        return _error(403, "a personal token cannot heartbeat; use the shard's token", "Authorization")
     if token.shard.hostname != req.shard:
-        log.warning("heartbeat for shard %s with the token of shard %s refused", req.shard, token.shard.hostname)
-        return _error(403, f"this token belongs to another shard than {req.shard}", {"field": "shard"})
+        log.warning("heartbeat for shard %r with the token of shard %s refused", req.shard, token.shard.hostname)
+        return _error(403, f"this token belongs to another shard than {req.shard}", "shard")
 
-    return JsonResponse(process_heartbeat(token.shard_id, req))
+    try:
+        response = process_heartbeat(token.shard_id, req)
+    except InstanceConflict as exc:
+        return _error(409, exc.message, "instance", heard_s_ago=round(exc.heard_s_ago, 1))
+    return JsonResponse(response.to_wire())

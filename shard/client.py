@@ -12,7 +12,9 @@ from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from common.constants import CLIENT_VERSION, MAX_UPDATES_PER_HEARTBEAT, PROTOCOL_VERSION
+from common.wire import HeartbeatResponse, WireError
 from shard.ingest import IngestResult, apply_response, known_hosts, known_jobs
+from shard.instance import ensure_instance
 from shard.outbox import pending
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,7 @@ class HeartbeatClient:
         self.shard_hostname = shard_hostname
         self.timeout = (5.0, timeout_s or settings.FLEETSHARD_REQUEST_TIMEOUT_S)
         self.interval = settings.FLEETSHARD_HEARTBEAT_INTERVAL_S
+        self.instance: str | None = None
         # Set once the master has accepted this shard database's instance: until then the shard
         # touches no run, process or host (DESIGN.md, "Shard instances").
         self.accepted = threading.Event()
@@ -60,40 +63,44 @@ class HeartbeatClient:
         self.session.mount("https://", HTTPAdapter(max_retries=retry))
 
     def build_request(self) -> dict[str, Any]:
+        if self.instance is None:
+            self.instance = ensure_instance()
         return {
             "protocol": PROTOCOL_VERSION,
             "shard": self.shard_hostname,
+            "instance": self.instance,
             "client_version": CLIENT_VERSION,
             "known_hosts": known_hosts(),
             "known_jobs": known_jobs(),
             "updates": pending(MAX_UPDATES_PER_HEARTBEAT),
         }
 
-    def exchange(self, body: dict[str, Any]) -> dict[str, Any]:
+    def exchange(self, body: dict[str, Any]) -> HeartbeatResponse:
         try:
             resp = self.session.post(self.url, json=body, timeout=self.timeout)
         except requests.RequestException as exc:
             raise HeartbeatFailed(f"cannot reach the master at {self.url}: {exc}") from exc
         if resp.status_code == 409:
+            if _field_of(resp) == "instance":
+                raise InstanceRefused(f"the master refused this shard database: {_error_of(resp)}")
             raise ProtocolRefused(f"the master refused protocol {PROTOCOL_VERSION}: {_error_of(resp)}")
         if resp.status_code != 200:
             raise HeartbeatFailed(f"the master answered {resp.status_code}: {_error_of(resp)}")
         try:
-            data = resp.json()
+            response = HeartbeatResponse.parse(resp.json())
         except ValueError as exc:
             raise HeartbeatFailed(f"the master's answer is not JSON: {exc}") from exc
-        if not isinstance(data, dict) or data.get("protocol") != PROTOCOL_VERSION:
-            raise HeartbeatFailed("the master's answer is not a protocol 1 heartbeat response")
-        return data
+        except (WireError, RecursionError) as exc:
+            raise HeartbeatFailed(f"the master's answer is not a protocol 1 heartbeat response: {exc}") from exc
+        for problem in response.skipped:
+            log.warning("skipped a record of the master's answer: %s", problem)
+        return response
 
-    def tick(self) -> tuple[dict[str, Any], IngestResult]:
+    def tick(self) -> tuple[HeartbeatResponse, IngestResult]:
         """One heartbeat: build, send, apply. Nothing is dropped locally unless the answer is applied."""
         response = self.exchange(self.build_request())
-        try:
-            result = apply_response(response)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise HeartbeatFailed(f"cannot apply the master's answer: {exc!r}") from exc
-        self.interval = float(response.get("heartbeat_interval_s") or self.interval)
+        result = apply_response(response)
+        self.interval = float(response.heartbeat_interval_s or self.interval)
         self.accepted.set()
         return response, result
 
@@ -113,14 +120,22 @@ class HeartbeatClient:
                 log.warning("heartbeat failed (%s); retrying in %.1f s", exc, delay)
             else:
                 failures = 0
-                delay = 0.0 if response.get("more") else jittered(self.interval)
+                delay = 0.0 if response.more else jittered(self.interval)
                 if result.jobs or result.hosts or result.removed_hosts or result.rejected:
                     log.info("heartbeat: %s", result)
             stop.wait(delay)
 
 
+def _field_of(resp: requests.Response) -> object:
+    try:
+        detail = resp.json().get("detail")
+    except (ValueError, AttributeError):
+        return None
+    return detail.get("field") if isinstance(detail, dict) else None
+
+
 def _error_of(resp: requests.Response) -> str:
     try:
-        return str(resp.json().get("error") or resp.text[:200])
-    except ValueError:
+        return str(resp.json().get("error") or resp.text)[:500]
+    except (ValueError, AttributeError):
         return resp.text[:200]

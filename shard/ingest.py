@@ -2,6 +2,8 @@
 
 Only master-owned fields are written here; host status and HQE execution state stay the shard's.
 Applying the same response twice leaves the same database, so a crash before commit loses nothing.
+An ingest costs a fixed number of queries per job and host, never per HQE, so even an abort of a
+large job holds the shard's lock only briefly.
 """
 
 import logging
@@ -11,10 +13,12 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
 from common.constants import HQEStatus
+from common.jobstatus import refresh_job_statuses
 from common.models import DeadLetter, Host, HostQueueEntry, Job, Label, OutboxEntry, ShardState
+from common.wire import Ack, HeartbeatResponse, HostRecord, JobRecord
+from shard.services import abort_queued_hqes
 
 log = logging.getLogger(__name__)
 
@@ -30,20 +34,27 @@ class IngestResult:
 
 def _labels(names: set[str]) -> dict[str, Label]:
     existing = {label.name: label for label in Label.objects.filter(name__in=names)}
-    for name in names - existing.keys():
-        existing[name] = Label.objects.create(name=name)
+    missing = names - existing.keys()
+    if missing:
+        Label.objects.bulk_create([Label(name=name) for name in missing], ignore_conflicts=True)
+        existing = {label.name: label for label in Label.objects.filter(name__in=names)}
     return existing
 
 
-def _apply_acks(acks: list[dict[str, Any]]) -> tuple[int, int]:
-    by_seq = {a["seq"]: a for a in acks}
+def _apply_acks(acks: list[Ack]) -> tuple[int, int]:
+    by_seq = {a.seq: a for a in acks}
     entries = list(OutboxEntry.objects.filter(seq__in=by_seq))
-    rejected = [e for e in entries if by_seq[e.seq].get("result") != "accepted"]
+    rejected = [e for e in entries if by_seq[e.seq].result != "accepted"]
     for entry in rejected:
-        error = by_seq[entry.seq].get("error") or "rejected without a reason"
-        log.warning("master rejected update %s of HQE %s: %s", entry.seq, entry.hqe_id, error)
+        log.warning("master rejected update %s of HQE %s: %s", entry.seq, entry.hqe_id, by_seq[entry.seq].error)
     DeadLetter.objects.bulk_create(
-        DeadLetter(seq=e.seq, hqe_id=e.hqe_id, job_id=e.job_id, payload=e.payload, error=by_seq[e.seq].get("error", ""))
+        DeadLetter(
+            seq=e.seq,
+            hqe_id=e.hqe_id,
+            job_id=e.job_id,
+            payload=e.payload,
+            error=by_seq[e.seq].error or "rejected without a reason",
+        )
         for e in rejected
     )
     OutboxEntry.objects.filter(id__in=[e.id for e in entries]).delete()
@@ -61,91 +72,96 @@ def drop_idle_retired_hosts() -> int:
     return deleted
 
 
-def _upsert_hosts(hosts: list[dict[str, Any]]) -> None:
-    labels = _labels({name for h in hosts for name in h["labels"]})
+def _upsert_hosts(hosts: list[HostRecord]) -> None:
+    labels = _labels({name for h in hosts for name in h.labels})
     for data in hosts:
         # A retired host may still hold the hostname that the master gave to a new host.
-        Host.objects.filter(hostname=data["hostname"], retired=True).exclude(id=data["id"]).update(
-            hostname=f"{data['hostname']}~retired"
+        Host.objects.filter(hostname=data.hostname, retired=True).exclude(id=data.id).update(
+            hostname=f"{data.hostname}~retired"
         )
         host, _ = Host.objects.update_or_create(
-            id=data["id"],
+            id=data.id,
             defaults={
-                "hostname": data["hostname"],
-                "locked": data["locked"],
-                "lock_reason": data["lock_reason"],
-                "attributes": data["attributes"],
-                "version": data["version"],
+                "hostname": data.hostname,
+                "locked": data.locked,
+                "lock_reason": data.lock_reason,
+                "attributes": data.attributes,
+                "version": data.version,
                 "retired": False,
             },
         )
-        host.labels.set([labels[name] for name in data["labels"]])
+        host.labels.set([labels[name] for name in data.labels])
 
 
-def _upsert_jobs(jobs: list[dict[str, Any]], suite_keyvals: dict[str, dict[str, str]]) -> list[int]:
-    """Returns the ids of aborted jobs, whose HQEs the caller cancels."""
+def _upsert_jobs(jobs: list[JobRecord], suite_keyvals: dict[str, dict[str, Any]]) -> None:
     labels = _labels(
-        {name for j in jobs for name in j["dependency_labels"]}
-        | {h["meta_host"] for j in jobs for h in j["hqes"] if h["meta_host"]}
+        {name for j in jobs for name in j.dependency_labels}
+        | {h.meta_host for j in jobs for h in j.hqes if h.meta_host}
     )
     for data in jobs:
-        created_on = parse_datetime(data["created_on"]) if data.get("created_on") else None
         job, created = Job.objects.update_or_create(
-            id=data["id"],
+            id=data.id,
             defaults={
-                "name": data["name"],
-                "owner": data["owner"],
-                "priority": data["priority"],
-                "command": data["command"],
-                "timeout_mins": data["timeout_mins"],
-                "max_runtime_mins": data["max_runtime_mins"],
-                "keyvals": data["keyvals"],
-                "parent_id": data["parent_id"],
-                "suite_keyvals": suite_keyvals.get(str(data["parent_id"]), {}) if data["parent_id"] else {},
-                "aborted": data["aborted"],
-                "version": data["version"],
-                **({"created_on": created_on} if created_on else {}),
+                "name": data.name,
+                "owner": data.owner,
+                "priority": data.priority,
+                "command": data.command,
+                "timeout_mins": data.timeout_mins,
+                "max_runtime_mins": data.max_runtime_mins,
+                "keyvals": data.keyvals,
+                "parent_id": data.parent_id,
+                "suite_keyvals": suite_keyvals.get(str(data.parent_id), {}) if data.parent_id else {},
+                "aborted": data.aborted,
+                "version": data.version,
+                **({"created_on": data.created_on} if data.created_on else {}),
             },
         )
-        job.dependency_labels.set([labels[name] for name in data["dependency_labels"]])
+        job.dependency_labels.set([labels[name] for name in data.dependency_labels])
         if created:
             HostQueueEntry.objects.bulk_create(
                 HostQueueEntry(
-                    id=h["id"],
+                    id=h.id,
                     job=job,
-                    host_id=h["host_id"],
-                    meta_host=labels[h["meta_host"]] if h["meta_host"] else None,
+                    host_id=h.host_id,
+                    meta_host=labels[h.meta_host] if h.meta_host else None,
                 )
-                for h in data["hqes"]
+                for h in data.hqes
             )
-    return [j["id"] for j in jobs if j["aborted"]]
+    _close_ended_elsewhere(jobs)
 
 
-def cancel_unstarted_hqes(job_ids: list[int]) -> None:
-    """Aborted jobs: HQEs not yet running end Aborted here; running ones are the executor's to kill."""
-    from shard.services import transition_hqe
+def _close_ended_elsewhere(jobs: list[JobRecord]) -> None:
+    """HQEs the master says ended (run by a database this one replaced) are never started here.
 
-    waiting = HostQueueEntry.objects.filter(job_id__in=job_ids, status=HQEStatus.QUEUED)
-    for hqe_id in waiting.values_list("id", flat=True):
-        transition_hqe(hqe_id, HQEStatus.ABORTED)
+    They end with the master's status and no update: the master already has it.
+    """
+    ended = [(j.id, h) for j in jobs for h in j.hqes if h.status in HQEStatus.TERMINAL]
+    touched: set[int] = set()
+    for status in {h.status for _, h in ended}:
+        ids = [h.id for _, h in ended if h.status == status]
+        if HostQueueEntry.objects.filter(id__in=ids, status=HQEStatus.QUEUED).update(
+            status=status, finished_on=timezone.now()
+        ):
+            touched |= {job_id for job_id, h in ended if h.status == status}
+    refresh_job_statuses(touched)
 
 
 @transaction.atomic
-def apply_response(response: dict[str, Any]) -> IngestResult:
+def apply_response(response: HeartbeatResponse) -> IngestResult:
     # One response at a time, even from two processes on one shard database.
     ShardState.objects.get_or_create(id=1)
     ShardState.objects.select_for_update().get(id=1)
-    accepted, rejected = _apply_acks(response.get("acks", []))
-    _remove_hosts(response.get("removed_host_ids", []))
-    _upsert_hosts(response.get("hosts", []))
-    aborted = _upsert_jobs(response.get("jobs", []), response.get("suite_keyvals", {}))
-    cancel_unstarted_hqes(aborted)
+    accepted, rejected = _apply_acks(response.acks)
+    _remove_hosts(response.removed_host_ids)
+    _upsert_hosts(response.hosts)
+    _upsert_jobs(response.jobs, response.suite_keyvals)
+    abort_queued_hqes([j.id for j in response.jobs if j.aborted])
     drop_idle_retired_hosts()
     ShardState.objects.filter(id=1).update(last_heartbeat_ok=timezone.now())
     return IngestResult(
-        hosts=len(response.get("hosts", [])),
-        removed_hosts=len(response.get("removed_host_ids", [])),
-        jobs=len(response.get("jobs", [])),
+        hosts=len(response.hosts),
+        removed_hosts=len(response.removed_host_ids),
+        jobs=len(response.jobs),
         accepted=accepted,
         rejected=rejected,
     )

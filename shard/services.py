@@ -6,17 +6,11 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
-from common.constants import LOG_TAIL_BYTES, FailureClass, HQEStatus
+from common.constants import LOG_TAIL_BYTES, FailureClass, HQEStatus, hqe_can_move
 from common.errors import FleetshardError, NotFound
 from common.jobstatus import refresh_job_statuses
 from common.models import HostQueueEntry
-from shard.outbox import enqueue
-
-_ALLOWED = {
-    HQEStatus.QUEUED: {HQEStatus.STARTING, HQEStatus.RUNNING, *HQEStatus.TERMINAL},
-    HQEStatus.STARTING: {HQEStatus.RUNNING, *HQEStatus.TERMINAL},
-    HQEStatus.RUNNING: set(HQEStatus.TERMINAL),
-}
+from shard.outbox import enqueue, enqueue_many
 
 
 @transaction.atomic
@@ -35,7 +29,7 @@ def transition_hqe(
         hqe = HostQueueEntry.objects.select_for_update().get(id=hqe_id)
     except HostQueueEntry.DoesNotExist:
         raise NotFound(f"unknown HQE {hqe_id}") from None
-    if status not in _ALLOWED.get(hqe.status, set()):
+    if not hqe_can_move(hqe.status, status):
         raise FleetshardError(f"HQE {hqe_id} cannot go from {hqe.status} to {status}", field="status")
     if (status == HQEStatus.FAILED) != bool(failure) or (failure and failure not in FailureClass.ALL):
         raise FleetshardError(f"failure class {failure!r} does not fit status {status}", field="failure")
@@ -63,6 +57,24 @@ def finish_hqe(
     if status not in HQEStatus.TERMINAL:
         raise FleetshardError(f"{status} is not a terminal status", field="status")
     return transition_hqe(hqe_id, status, failure=failure, exit_code=exit_code, log_tail=log_tail)
+
+
+@transaction.atomic
+def abort_queued_hqes(job_ids: list[int]) -> int:
+    """Aborted jobs: their HQEs not yet started end Aborted here, in a fixed number of queries however
+    many there are; running ones are the scheduler's to kill."""
+    if not job_ids:
+        return 0
+    waiting = list(HostQueueEntry.objects.select_for_update().filter(job_id__in=job_ids, status=HQEStatus.QUEUED))
+    if not waiting:
+        return 0
+    now = timezone.now()
+    HostQueueEntry.objects.filter(id__in=[h.id for h in waiting]).update(status=HQEStatus.ABORTED, finished_on=now)
+    for hqe in waiting:
+        hqe.status, hqe.finished_on = HQEStatus.ABORTED, now
+    enqueue_many(waiting)
+    refresh_job_statuses({h.job_id for h in waiting})
+    return len(waiting)
 
 
 def record_run(

@@ -1,6 +1,7 @@
 """Fixtures shared by every test. Worlds are built through the master's own services."""
 
 import json
+import uuid
 from typing import Any
 
 import pytest
@@ -54,10 +55,16 @@ class Heartbeat:
     def __init__(self, client: Client) -> None:
         self.client = client
 
+    @staticmethod
+    def instance_of(shard: Shard | str) -> str:
+        """The instance id a shard's one database sends unless a test says otherwise."""
+        return str(uuid.uuid5(uuid.NAMESPACE_DNS, shard if isinstance(shard, str) else shard.hostname))
+
     def body(self, shard: Shard | str, **kwargs: Any) -> dict[str, Any]:
         return {
             "protocol": PROTOCOL_VERSION,
             "shard": shard if isinstance(shard, str) else shard.hostname,
+            "instance": kwargs.pop("instance", self.instance_of(shard)),
             "client_version": "test",
             "known_hosts": kwargs.pop("known_hosts", []),
             "known_jobs": kwargs.pop("known_jobs", []),

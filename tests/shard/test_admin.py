@@ -15,8 +15,8 @@ from django.test.utils import CaptureQueriesContext
 
 from common.constants import HQEStatus
 from common.models import DeadLetter, Host, HostQueueEntry, Job, OutboxEntry
-from shard.ingest import apply_response
 from shard.services import finish_hqe, transition_hqe
+from tests.shard.world import apply_wire
 
 pytestmark = pytest.mark.urls("shard.urls")
 
@@ -56,7 +56,7 @@ def job_data(i: int, hqe_ids: list[int], **kw: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def lab(db: None, tmp_path: Path) -> dict[str, Any]:
-    apply_response(
+    apply_wire(
         {
             "hosts": [host_data(1), host_data(2, locked=True, lock_reason="cable swap"), host_data(3)],
             "jobs": [job_data(10, [100]), job_data(11, [110]), job_data(12, [120, 121])],
@@ -72,7 +72,7 @@ def lab(db: None, tmp_path: Path) -> dict[str, Any]:
     finish_hqe(110, HQEStatus.FAILED, failure="test", exit_code=3, log_tail="assertion failed: screen is off\n")
     Host.objects.filter(id=3).update(status="Repairing")
     rejected = OutboxEntry.objects.filter(hqe_id=110).order_by("seq").first()
-    apply_response({"acks": [{"seq": rejected.seq, "result": "rejected", "error": "job 11 is not assigned to lab1"}]})
+    apply_wire({"acks": [{"seq": rejected.seq, "result": "rejected", "error": "job 11 is not assigned to lab1"}]})
     return {"results": results}
 
 
@@ -163,5 +163,5 @@ def test_hqe_list_queries_do_not_grow(lab, operator):
 
     operator.get("/admin/common/hostqueueentry/")
     few = count()
-    apply_response({"jobs": [job_data(1000 + i, [5000 + i]) for i in range(80)]})
+    apply_wire({"jobs": [job_data(1000 + i, [5000 + i]) for i in range(80)]})
     assert count() == few

@@ -63,7 +63,7 @@ def test_first_heartbeat_brings_hosts_and_jobs(transactional_db, master_server, 
     assert sorted(Host.objects.values_list("id", flat=True)) == sorted(world["hosts"])
     assert list(Job.objects.values_list("id", flat=True)) == world["jobs"]
     assert HostQueueEntry.objects.count() == 2 and result.jobs == 1
-    assert client.tick()[0]["jobs"] == []
+    assert client.tick()[0].jobs == []
 
 
 def test_lost_response_converges_with_nothing_lost_or_doubled(transactional_db, master_server, world):
@@ -88,7 +88,7 @@ def test_crash_between_response_and_commit_converges(transactional_db, master_se
     def crash(job_ids: list[int]) -> None:
         raise RuntimeError("shard process died mid-commit")
 
-    monkeypatch.setattr(ingest, "cancel_unstarted_hqes", crash)
+    monkeypatch.setattr(ingest, "abort_queued_hqes", crash)
     with pytest.raises(RuntimeError, match="died mid-commit"):
         client.tick()
     assert OutboxEntry.objects.count() == 4, "nothing was dropped: the transaction rolled back"

@@ -2,11 +2,11 @@
 
 from typing import Any
 
-import pytest
-
 from common.models import DeadLetter, Host, HostQueueEntry, Job, OutboxEntry, ShardState
+from common.wire import HeartbeatResponse
 from shard.ingest import apply_response, known_hosts, known_jobs
 from shard.services import finish_hqe, transition_hqe
+from tests.shard.world import apply_wire
 
 
 def host_wire(id: int = 12, version: int = 1, **kw: Any) -> dict[str, Any]:
@@ -64,7 +64,7 @@ def snapshot() -> tuple[Any, ...]:
 
 def test_response_creates_hosts_jobs_and_hqes_with_the_masters_ids(db):
     resp = response(hosts=[host_wire()], jobs=[job_wire(parent_id=7)], suite_keyvals={"7": {"suite": "bvt"}})
-    apply_response(resp)
+    apply_wire(resp)
     host = Host.objects.get(id=12)
     assert (host.hostname, host.status, host.attributes) == ("dut12", "Ready", {"serial": "X1"})
     assert [label.name for label in host.labels.all()] == ["board:pixel7"]
@@ -78,72 +78,70 @@ def test_response_creates_hosts_jobs_and_hqes_with_the_masters_ids(db):
 
 def test_applying_the_same_response_twice_changes_nothing_more(db):
     resp = response(hosts=[host_wire()], jobs=[job_wire()])
-    apply_response(resp)
+    apply_wire(resp)
     first = snapshot()
-    apply_response(resp)
+    apply_wire(resp)
     assert snapshot() == first
 
 
 def test_new_host_config_keeps_the_shards_own_status(db):
-    apply_response(response(hosts=[host_wire()]))
+    apply_wire(response(hosts=[host_wire()]))
     Host.objects.filter(id=12).update(status="Repairing")
-    apply_response(response(hosts=[host_wire(version=2, locked=True, lock_reason="usb", labels=["board:x"])]))
+    apply_wire(response(hosts=[host_wire(version=2, locked=True, lock_reason="usb", labels=["board:x"])]))
     host = Host.objects.get(id=12)
     assert (host.locked, host.lock_reason, host.version, host.status) == (True, "usb", 2, "Repairing")
     assert [label.name for label in host.labels.all()] == ["board:x"]
 
 
 def test_removed_idle_host_is_dropped(db):
-    apply_response(response(hosts=[host_wire(), host_wire(13)]))
-    apply_response(response(removed_host_ids=[13]))
+    apply_wire(response(hosts=[host_wire(), host_wire(13)]))
+    apply_wire(response(removed_host_ids=[13]))
     assert list(Host.objects.values_list("id", flat=True)) == [12]
 
 
 def test_removed_busy_host_finishes_its_job_first(db):
-    apply_response(response(hosts=[host_wire()], jobs=[job_wire(hqes=[{"id": 500, "host_id": 12, "meta_host": None}])]))
+    apply_wire(response(hosts=[host_wire()], jobs=[job_wire(hqes=[{"id": 500, "host_id": 12, "meta_host": None}])]))
     transition_hqe(500, "Running", host_id=12)
-    apply_response(response(removed_host_ids=[12]))
+    apply_wire(response(removed_host_ids=[12]))
     assert Host.objects.get(id=12).retired
     finish_hqe(500, "Completed", exit_code=0)
-    apply_response(response())
+    apply_wire(response())
     assert not Host.objects.filter(id=12).exists()
     assert HostQueueEntry.objects.get(id=500).status == "Completed"
 
 
 def test_acks_drop_updates_and_rejected_ones_are_dead_lettered(db):
-    apply_response(response(jobs=[job_wire(), job_wire(101)]))
+    apply_wire(response(jobs=[job_wire(), job_wire(101)]))
     transition_hqe(500, "Running")
     transition_hqe(505, "Running")
     s1, s2 = OutboxEntry.objects.values_list("seq", flat=True)
-    apply_response(
-        response(acks=[{"seq": s1, "result": "accepted"}, {"seq": s2, "result": "rejected", "error": "nope"}])
-    )
+    apply_wire(response(acks=[{"seq": s1, "result": "accepted"}, {"seq": s2, "result": "rejected", "error": "nope"}]))
     assert not OutboxEntry.objects.exists()
     letter = DeadLetter.objects.get()
     assert (letter.seq, letter.hqe_id, letter.error) == (s2, 505, "nope")
 
 
 def test_aborted_job_cancels_its_queued_hqes_and_reports_them(db):
-    apply_response(response(jobs=[job_wire()]))
-    apply_response(response(jobs=[job_wire(version=2, aborted=True)]))
+    apply_wire(response(jobs=[job_wire()]))
+    apply_wire(response(jobs=[job_wire(version=2, aborted=True)]))
     hqe = HostQueueEntry.objects.get(id=500)
     assert hqe.status == "Aborted" and Job.objects.get(id=100).aborted
     assert OutboxEntry.objects.get().payload["status"] == "Aborted"
 
 
 def test_known_jobs_keep_a_finished_job_until_its_final_update_is_acked(db):
-    apply_response(response(jobs=[job_wire()]))
+    apply_wire(response(jobs=[job_wire()]))
     finish_hqe(500, "Completed", exit_code=0)
     assert known_jobs() == [{"id": 100, "version": 1}]
     seq = OutboxEntry.objects.get().seq
-    apply_response(response(acks=[{"seq": seq, "result": "accepted"}]))
+    apply_wire(response(acks=[{"seq": seq, "result": "accepted"}]))
     assert known_jobs() == []
 
 
-def test_a_broken_response_rolls_back_whole(db):
-    apply_response(response(hosts=[host_wire()]))
-    before = snapshot()
-    bad = response(hosts=[host_wire(13)], jobs=[{"id": 1}])
-    with pytest.raises(KeyError):
-        apply_response(bad)
-    assert snapshot() == before
+def test_a_malformed_record_is_skipped_and_the_rest_applies(db):
+    body = response(hosts=[host_wire(), {"id": 13, "hostname": "x"}], jobs=[job_wire(), {"id": 1}])
+    parsed = HeartbeatResponse.parse(body)
+    assert len(parsed.skipped) == 2 and "hosts[1]" in parsed.skipped[0] and "jobs[1]" in parsed.skipped[1]
+    apply_response(parsed)
+    assert list(Host.objects.values_list("id", flat=True)) == [12]
+    assert list(Job.objects.values_list("id", flat=True)) == [100]

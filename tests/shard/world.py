@@ -10,9 +10,16 @@ from typing import Any
 from django.utils import timezone
 
 from common.models import Host, HostQueueEntry, Job
-from common.wire import format_time
-from shard.ingest import apply_response
+from common.wire import HeartbeatResponse, format_time
+from shard.ingest import IngestResult, apply_response
 from shard.scheduler import Scheduler, SchedulerConfig
+
+
+def apply_wire(body: dict[str, Any]) -> IngestResult:
+    """Applies a response given as JSON, as the client does: parsed by the wire contract first."""
+    response = HeartbeatResponse.parse({"protocol": 1, **body})
+    assert not response.skipped, response.skipped
+    return apply_response(response)
 
 
 class ShardWorld:
@@ -46,7 +53,7 @@ class ShardWorld:
             "lock_reason": "test" if locked else "",
             "attributes": attributes or {},
         }
-        apply_response({"hosts": [wire]})
+        apply_wire({"hosts": [wire]})
         return host_id
 
     def job(
@@ -83,7 +90,7 @@ class ShardWorld:
             "created_on": format_time(created_on or timezone.now()),
             "hqes": hqes,
         }
-        apply_response({"jobs": [wire], "suite_keyvals": {str(parent[0]): parent[1]} if parent else {}})
+        apply_wire({"jobs": [wire], "suite_keyvals": {str(parent[0]): parent[1]} if parent else {}})
         return job_id
 
     def abort(self, job_id: int) -> None:

@@ -1,0 +1,56 @@
+"""Which shard database this is: its instance id, kept across restarts, renewed when the database is a copy.
+
+A copy of a shard database (a file copied, a dump restored) holds the original's instance id. Beside
+the id the database keeps the physical identity it was taken for; when that no longer matches the
+database we are connected to, this is a copy and takes a new id, so the master can refuse it while
+the original is live (docs/protocol.md, "Shard instances").
+"""
+
+import logging
+import os
+import uuid
+
+from django.db import DatabaseError, connection, transaction
+
+from common.models import ShardState
+
+log = logging.getLogger(__name__)
+
+
+def physical_identity() -> str:
+    """For SQLite the file's device and inode; for PostgreSQL the cluster's system id and the database's oid."""
+    if connection.vendor == "sqlite":
+        path = connection.settings_dict["NAME"]
+        st = os.stat(path)
+        return f"sqlite:{st.st_dev}:{st.st_ino}"
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT oid FROM pg_database WHERE datname = current_database()")
+        (oid,) = cursor.fetchone()
+        try:
+            with transaction.atomic():
+                cursor.execute("SELECT system_identifier FROM pg_control_system()")
+                (cluster,) = cursor.fetchone()
+        except DatabaseError:
+            # Without the right to read the control file, the server's address stands for the cluster.
+            cursor.execute("SELECT coalesce(host(inet_server_addr()), 'local') || ':' || inet_server_port()")
+            (cluster,) = cursor.fetchone()
+    return f"postgresql:{cluster}:{oid}"
+
+
+@transaction.atomic
+def ensure_instance() -> str:
+    """This database's instance id: the stored one, or a new one for a new or copied database."""
+    ShardState.objects.get_or_create(id=1)
+    state = ShardState.objects.select_for_update().get(id=1)
+    identity = physical_identity()
+    if state.instance and state.identity == identity:
+        return state.instance
+    if state.instance:
+        log.warning(
+            "this shard database is a copy (it was %s, it is %s): taking a new instance id", state.identity, identity
+        )
+    state.instance = str(uuid.uuid4())
+    state.identity = identity
+    state.save(update_fields=["instance", "identity"])
+    log.info("shard database instance %s", state.instance)
+    return state.instance
