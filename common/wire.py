@@ -29,6 +29,7 @@ from common.constants import (
 ID_MIN, ID_MAX = 1, 2**63 - 1
 EXIT_MIN, EXIT_MAX = -(2**31), 2**31 - 1
 YEAR_MIN, YEAR_MAX = 2000, 2100
+TIME_MIN, TIME_MAX = datetime(YEAR_MIN, 1, 1, tzinfo=UTC), datetime(YEAR_MAX, 1, 1, tzinfo=UTC)
 MAX_DEPTH = 32
 MAX_NAME_CHARS = 255
 MAX_VERSION_CHARS = 64
@@ -109,9 +110,7 @@ def parse_time(value: object) -> datetime | None:
         parsed = parsed.astimezone(UTC)
     except (OverflowError, ValueError):
         raise ValueError(f"time {_show(value)} is out of range") from None
-    if not YEAR_MIN <= parsed.year < YEAR_MAX or (
-        parsed.year == YEAR_MAX and parsed > datetime(YEAR_MAX, 1, 1, tzinfo=UTC)
-    ):
+    if not TIME_MIN <= parsed <= TIME_MAX:
         raise ValueError(f"time {_show(value)} is not between {YEAR_MIN} and {YEAR_MAX}")
     return parsed
 

@@ -1,0 +1,141 @@
+"""The wire contract's parsers: any JSON value anywhere gives a record or a WireError, nothing else."""
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from common.wire import (
+    HeartbeatRequest,
+    HeartbeatResponse,
+    RejectedUpdate,
+    Update,
+    WireError,
+    clean_text,
+    depth_exceeds,
+    loads,
+    parse_time,
+)
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=12,
+)
+
+REQUEST = {
+    "protocol": 1,
+    "shard": "lab1",
+    "instance": "5f0c7a2e-8d1b-4c3e-9a77-2b6f1d0e4c11",
+    "client_version": "0.1.0",
+    "known_hosts": [{"id": 12, "version": 3, "status": "Ready"}],
+    "known_jobs": [{"id": 99, "version": 1}],
+    "updates": [
+        {"seq": 7, "hqe": 501, "job": 99, "status": "Running", "host": 12, "started_on": "2026-11-22T10:00:00Z"},
+        {"seq": 8, "hqe": 501, "job": 99, "status": "Failed", "failure": "test", "exit_code": 3, "log_tail": "x"},
+    ],
+}
+
+
+def _paths(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    found = [path]
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found += _paths(item, (*path, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found += _paths(item, (*path, i))
+    return found
+
+
+def _replace(value: Any, path: tuple[Any, ...], new: Any) -> Any:
+    if not path:
+        return new
+    copy = json.loads(json.dumps(value))
+    target = copy
+    for step in path[:-1]:
+        target = target[step]
+    target[path[-1]] = new
+    return copy
+
+
+def test_the_designs_example_request_round_trips():
+    req = HeartbeatRequest.parse(REQUEST)
+    assert all(isinstance(u, Update) for u in req.updates)
+    assert HeartbeatRequest.parse(req.to_wire()) == req
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(path=st.sampled_from(_paths(REQUEST)), value=json_values)
+def test_any_value_in_any_request_field_parses_or_names_the_field(path, value):
+    body = _replace(REQUEST, path, value)
+    try:
+        req = HeartbeatRequest.parse(body)
+    except WireError as exc:
+        assert exc.field and exc.message
+        return
+    assert all(isinstance(u, Update | RejectedUpdate) for u in req.updates)
+    again = HeartbeatRequest.parse(json.loads(json.dumps(req.to_wire())))
+    assert again.updates == [u for u in req.updates if isinstance(u, Update)]
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(body=json_values)
+def test_any_json_value_as_a_response_parses_or_is_a_wire_error(body):
+    try:
+        response = HeartbeatResponse.parse(body)
+    except WireError:
+        return
+    json.dumps(response.to_wire())
+
+
+def test_unsafe_text_is_cleaned_and_refused():
+    assert clean_text("a\x00b\ud800c\udfff") == "a\ufffdb\ufffdc\ufffd"
+    assert clean_text("plain ✓") == "plain ✓"
+
+
+@pytest.mark.parametrize(
+    "text, ok",
+    [
+        ("2026-11-22T10:00:00Z", True),
+        ("2026-11-22T10:00:00+02:00", True),
+        ("2000-01-01T00:00:00Z", True),
+        ("2100-01-01T00:00:00Z", True),
+        ("2100-01-01T00:00:01Z", False),
+        ("1999-12-31T23:59:59Z", False),
+        ("9999-12-31T23:59:59-23:59", False),
+        ("0001-01-01T00:00:00+23:59", False),
+        ("2026-11-22T10:00:00", False),
+        ("yesterday", False),
+    ],
+)
+def test_times_are_zoned_and_between_2000_and_2100(text, ok):
+    if ok:
+        assert parse_time(text).tzinfo == UTC
+    else:
+        with pytest.raises(ValueError):
+            parse_time(text)
+
+
+def test_nesting_is_measured_without_recursion():
+    assert not depth_exceeds(json.loads("[" * 32 + "]" * 32), 32)
+    assert depth_exceeds(json.loads("[" * 33 + "]" * 33), 32)
+    nested: Any = []
+    for _ in range(200_000):
+        nested = [nested]
+    assert depth_exceeds(nested, 32)
+    with pytest.raises(WireError, match="nested deeper than 32"):
+        loads("[" * 100_000 + "]" * 100_000)
+
+
+def test_format_and_parse_agree():
+    when = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+    update = Update(seq=1, hqe=2, status="Running", started_on=when)
+    assert update.to_wire()["started_on"] == "2026-11-22T10:00:00Z"
