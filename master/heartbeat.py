@@ -227,6 +227,10 @@ def process_heartbeat(shard_id: int, req: HeartbeatRequest) -> HeartbeatResponse
     send_jobs = sorted(
         ((-priority, job_id) for job_id, version, priority in candidates if known_jobs.get(job_id, 0) < version)
     )
+    if replaced:
+        # A copy may hold as queued a job that has ended since: told so, it never runs it.
+        ended = Job.objects.filter(shard=shard, id__in=known_jobs).exclude(status__in=JobStatus.ACTIVE)
+        send_jobs += [(0, job_id) for job_id in ended.values_list("id", flat=True)]
     more = more or len(send_jobs) > MAX_JOBS_PER_RESPONSE
     send_job_ids = [job_id for _, job_id in send_jobs[:MAX_JOBS_PER_RESPONSE]]
 

@@ -216,6 +216,16 @@ def test_a_new_instance_takes_over_after_three_silent_intervals(fleet, heartbeat
     assert old.status_code == 409
 
 
+def test_a_copy_is_told_which_of_its_queued_jobs_ended_meanwhile(fleet, heartbeat):
+    job = fleet.job()
+    hqe = job.hqes.get()
+    first = heartbeat(fleet.lab1, fleet.token1)
+    heartbeat(fleet.lab1, fleet.token1, updates=[update(5, hqe, "Completed", exit_code=0)])
+    _silence(fleet.lab1)
+    copy = heartbeat(fleet.lab1, fleet.token1, instance=OTHER, known_jobs=known(first["jobs"]))
+    assert [(j["id"], [h["status"] for h in j["hqes"]]) for j in copy["jobs"]] == [(job.id, ["Completed"])]
+
+
 def test_a_shards_first_instance_is_taken_without_failing_anything(fleet, heartbeat):
     hqe = fleet.job().hqes.get()
     heartbeat(fleet.lab1, fleet.token1, updates=[update(1, hqe, "Running")])

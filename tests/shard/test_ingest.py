@@ -2,6 +2,9 @@
 
 from typing import Any
 
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
 from common.models import DeadLetter, Host, HostQueueEntry, Job, OutboxEntry, ShardState
 from common.wire import HeartbeatResponse
 from shard.ingest import apply_response, known_hosts, known_jobs
@@ -145,3 +148,26 @@ def test_a_malformed_record_is_skipped_and_the_rest_applies(db):
     apply_response(parsed)
     assert list(Host.objects.values_list("id", flat=True)) == [12]
     assert list(Job.objects.values_list("id", flat=True)) == [100]
+
+
+def test_hqes_the_master_says_ended_are_closed_here_without_an_update(db):
+    apply_wire(response(jobs=[job_wire(hqes=[{"id": 500, "host_id": None, "meta_host": "board:pixel7"}])]))
+    ended = [{"id": 500, "host_id": None, "meta_host": "board:pixel7", "status": "Completed"}]
+    apply_wire(response(jobs=[job_wire(version=2, hqes=ended)]))
+    assert HostQueueEntry.objects.get(id=500).status == "Completed"
+    assert Job.objects.get(id=100).status == "Completed"
+    assert not OutboxEntry.objects.exists()
+
+
+def test_aborting_a_large_job_costs_the_same_queries_as_a_small_one(db):
+    """150 HQEs: SQLite's parameter limit splits a bulk insert past about 200 rows (one more query each)."""
+    counts = []
+    for job_id, size in ((100, 1), (200, 150)):
+        hqes = [{"id": job_id * 1000 + i, "host_id": None, "meta_host": "board:pixel7"} for i in range(size)]
+        apply_wire(response(jobs=[job_wire(job_id, hqes=hqes)]))
+        with CaptureQueriesContext(connection) as ctx:
+            apply_wire(response(jobs=[job_wire(job_id, version=2, aborted=True, hqes=hqes)]))
+        counts.append(len(ctx.captured_queries))
+        assert set(HostQueueEntry.objects.filter(job_id=job_id).values_list("status", flat=True)) == {"Aborted"}
+        assert OutboxEntry.objects.filter(job_id=job_id).count() == size
+    assert counts[0] == counts[1], counts
