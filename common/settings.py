@@ -87,7 +87,7 @@ WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = False
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-# The heartbeat's body limit (DESIGN.md: 413 over 10 MiB).
+# The heartbeat's body limit (docs/protocol.md: 413 over 10 MiB).
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 
 REST_FRAMEWORK = {

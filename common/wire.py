@@ -35,7 +35,7 @@ MAX_NAME_CHARS = 255
 MAX_VERSION_CHARS = 64
 
 # NUL and lone surrogates: no database stores them as text, and no JSON decoder on the other side
-# has to accept them (DESIGN.md, "Values on the wire").
+# has to accept them (docs/protocol.md, "Values").
 _UNSAFE_CHARS = re.compile("[\x00\ud800-\udfff]")
 
 

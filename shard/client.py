@@ -52,7 +52,7 @@ class HeartbeatClient:
         self.interval = settings.FLEETSHARD_HEARTBEAT_INTERVAL_S
         self.instance: str | None = None
         # Set once the master has accepted this shard database's instance: until then the shard
-        # touches no run, process or host (DESIGN.md, "Shard instances").
+        # touches no run, process or host (docs/protocol.md, "Shard instances").
         self.accepted = threading.Event()
         self.session = requests.Session()
         self.session.headers["Authorization"] = f"Bearer {token}"

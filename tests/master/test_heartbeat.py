@@ -1,4 +1,4 @@
-"""The master's heartbeat endpoint, as DESIGN.md's normative section fixes it."""
+"""The master's heartbeat endpoint, as docs/protocol.md fixes it."""
 
 import json
 
