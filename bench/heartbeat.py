@@ -10,6 +10,7 @@ import sys
 import tempfile
 import time
 import tracemalloc
+import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -50,7 +51,7 @@ def measure(n: int) -> dict[str, float]:
         assert resp.status_code == 200, resp.content
         return resp.json()
 
-    base = {"protocol": 1, "shard": shard.hostname, "client_version": "bench"}
+    base = {"protocol": 1, "shard": shard.hostname, "instance": str(uuid.uuid4()), "client_version": "bench"}
     first = post({**base, "known_hosts": [], "known_jobs": [], "updates": []})
     known_hosts = [{"id": h["id"], "version": h["version"], "status": "Ready"} for h in first["hosts"]]
     known_jobs = [{"id": j["id"], "version": j["version"]} for j in first["jobs"]]
