@@ -368,6 +368,8 @@ class ShardAdmin(ServiceAdmin):
         "known_jobs_count",
         "last_updates_count",
         "updates_applied",
+        "instance",
+        "instance_since",
         "created_on",
     ]
     readonly_fields = fields
