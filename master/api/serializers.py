@@ -5,6 +5,7 @@ Input serializers only check types and sizes, so that nothing malformed reaches 
 master.services.
 """
 
+import re
 from typing import Any
 
 from drf_spectacular.utils import extend_schema_field
@@ -15,6 +16,7 @@ from common.models import Host, HostQueueEntry, Job, Label, Shard
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
+_ASCII_DIGITS = re.compile(r"[0-9]+")
 
 
 def _storable(value: str) -> str:
@@ -131,6 +133,45 @@ class JobDetailSerializer(JobSerializer):
         pass
 
 
+class HostMoveSerializer(serializers.Serializer):
+    """A host whose shard changed with the request; a job queued on the old shard for it cannot run there."""
+
+    hostname = serializers.CharField(read_only=True)
+    from_shard = serializers.CharField(read_only=True, allow_null=True, help_text="The shard it left, if any.")
+    to_shard = serializers.CharField(read_only=True, allow_null=True, help_text="The shard it joined, if any.")
+
+
+def _moves() -> HostMoveSerializer:
+    return HostMoveSerializer(many=True, read_only=True, help_text="Hosts whose shard changed, by hostname.")
+
+
+class LabelDeletionSerializer(serializers.Serializer):
+    deleted = serializers.ListField(child=serializers.CharField(), read_only=True, help_text="The labels deleted.")
+    hosts_moved = _moves()
+
+
+class LabelHostsSerializer(serializers.Serializer):
+    label = serializers.CharField(read_only=True)
+    hosts = HostSerializer(many=True, read_only=True, help_text="The hosts named, as they are now.")
+    hosts_moved = _moves()
+
+
+class ShardChangeSerializer(ShardSerializer):
+    hosts_moved = _moves()
+
+    class Meta(ShardSerializer.Meta):
+        fields = [*ShardSerializer.Meta.fields, "hosts_moved"]
+        read_only_fields = fields
+
+
+class ShardDeletionSerializer(serializers.Serializer):
+    deleted = serializers.ListField(child=serializers.CharField(), read_only=True, help_text="The shards deleted.")
+    hosts_moved = _moves()
+    jobs_aborted = serializers.ListField(
+        child=serializers.IntegerField(), read_only=True, help_text="Ids of the shards' active jobs, now aborted."
+    )
+
+
 class ErrorSerializer(serializers.Serializer):
     """Every error response: a one-line message, and details such as the offending field."""
 
@@ -219,8 +260,11 @@ class PriorityField(serializers.Field):
             raise serializers.ValidationError(f"must be between {-INT32_MAX} and {INT32_MAX}")
         if isinstance(data, str):
             _storable(data)
+            # ASCII digits only: '²'.isdigit() is true but int('²') raises. Other text goes to
+            # master.services.parse_priority, which names what is accepted.
             text = data.strip()
-            if text.lstrip("+-").isdigit() and abs(int(text)) > INT32_MAX:
+            digits = text[1:] if text[:1] in "+-" else text
+            if _ASCII_DIGITS.fullmatch(digits) and (len(digits) > 10 or abs(int(digits)) > INT32_MAX):
                 raise serializers.ValidationError(f"must be between {-INT32_MAX} and {INT32_MAX}")
         return data
 

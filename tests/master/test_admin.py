@@ -130,10 +130,10 @@ def test_adding_a_label_owned_by_another_shard_shows_the_service_error_and_chang
 
 def test_shard_label_actions(fleet, staff):
     resp = run_action(staff, "shard", "add_labels", [fleet.lab2.id], labels="board:c")
-    assert "shard lab2 now owns label board:c" in messages_of(resp)
+    assert messages_of(resp) == ["shard lab2 now owns label board:c; host c1 joined shard lab2"]
     assert host("c1").shard == fleet.lab2
     resp = run_action(staff, "shard", "remove_label", [fleet.lab2.id], label="board:c")
-    assert "removed label board:c from shard lab2" in messages_of(resp)
+    assert messages_of(resp) == ["removed label board:c from shard lab2; host c1 left shard lab2"]
     assert host("c1").shard is None
 
 
@@ -176,7 +176,7 @@ def test_delete_actions_go_through_the_services(fleet, staff):
     resp = run_action(staff, "label", "delete_labels", [Label.objects.get(name="board:a").id])
     assert messages_of(resp) == [f"label board:a is used by active jobs {by_label.id}"]
     resp = run_action(staff, "shard", "delete_shards", [fleet.lab2.id])
-    assert "deleted shard lab2" in messages_of(resp)
+    assert messages_of(resp) == ["deleted shard lab2; host b1 left shard lab2"]
     assert not Shard.objects.filter(hostname="lab2").exists() and host("b1").shard is None
 
 
