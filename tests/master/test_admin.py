@@ -301,3 +301,26 @@ def test_view_only_staff_sees_no_actions_and_cannot_run_them(fleet):
     assert not host("a1").locked
     assert client.get(url("host", "add")).status_code == 403
     assert client.get("/admin/fleet/").status_code == 200
+
+
+def test_adding_a_shard_shows_its_token_so_it_needs_change_shard_too(fleet):
+    from django.contrib.auth.models import Permission
+
+    adder = User.objects.create_user("adder", password="pw", is_staff=True)
+    adder.user_permissions.set(Permission.objects.filter(codename__in=["add_shard", "view_shard"]))
+    client = Client()
+    client.force_login(adder)
+    assert client.get(url("shard", "add")).status_code == 403
+    assert client.post(url("shard", "add"), {"hostname": "lab9"}).status_code == 403
+    assert not Shard.objects.filter(hostname="lab9").exists()
+    adder.user_permissions.add(Permission.objects.get(codename="change_shard"))
+    client.force_login(User.objects.get(username="adder"))
+    assert "fs-token" in client.post(url("shard", "add"), {"hostname": "lab9"}).content.decode()
+
+
+def test_label_delete_action_says_which_hosts_left_which_shard(fleet, staff):
+    services.create_labels(["board:x"])
+    services.add_labels_to_shard("lab1", ["board:x"])
+    services.create_hosts(["dut3"], labels=["board:x"])
+    resp = run_action(staff, "label", "delete_labels", [Label.objects.get(name="board:x").id])
+    assert messages_of(resp) == ["deleted label board:x; host dut3 left shard lab1"]
