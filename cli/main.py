@@ -416,7 +416,12 @@ def job() -> None:
 @click.argument("name")
 @click.option("-c", "--command", "command", required=True, help="Shell command to run on each host.")
 @click.option(
-    "-m", "--meta-hosts", "meta_hosts", multiple=True, metavar="LABEL[*N][,...]", help="Any N hosts with LABEL."
+    "-m",
+    "--meta-hosts",
+    "meta_hosts",
+    multiple=True,
+    metavar="LABEL[*N][,...]",
+    help="Any N different hosts with LABEL.",
 )
 @click.option("--hosts", "hosts", multiple=True, metavar="HOST[,HOST]", help="These hosts.")
 @HOSTS_FILE

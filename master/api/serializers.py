@@ -182,8 +182,21 @@ class ErrorSerializer(serializers.Serializer):
 # Input
 
 
+# At most this many names or ids in one request: SQLite binds at most 32766 values in one query, and a
+# request of more would fail there with a 500 rather than say what is wrong.
+MAX_ITEMS = 10_000
+
+
 def _names(help_text: str) -> serializers.ListField:
-    return serializers.ListField(child=serializers.CharField(max_length=255), min_length=1, help_text=help_text)
+    return serializers.ListField(
+        child=serializers.CharField(max_length=255), min_length=1, max_length=MAX_ITEMS, help_text=help_text
+    )
+
+
+def _optional_names(**kwargs: Any) -> serializers.ListField:
+    return serializers.ListField(
+        child=serializers.CharField(max_length=255), required=False, default=list, max_length=MAX_ITEMS, **kwargs
+    )
 
 
 class _StringMap(serializers.DictField):
@@ -211,7 +224,7 @@ class HostsOfLabelSerializer(serializers.Serializer):
 
 class HostCreateSerializer(serializers.Serializer):
     hostnames = _names("Hostnames to create, all with the same labels and attributes.")
-    labels = serializers.ListField(child=serializers.CharField(max_length=255), required=False, default=list)
+    labels = _optional_names()
     attributes = _StringMap(required=False, default=dict)
     locked = serializers.BooleanField(required=False, default=False)
     lock_reason = serializers.CharField(max_length=1024, required=False, default="", allow_blank=True)
@@ -227,7 +240,7 @@ class HostLockSerializer(HostnamesSerializer):
 
 class ShardCreateSerializer(serializers.Serializer):
     hostname = serializers.CharField(max_length=255)
-    labels = serializers.ListField(child=serializers.CharField(max_length=255), required=False, default=list)
+    labels = _optional_names()
 
 
 class ShardLabelsSerializer(serializers.Serializer):
@@ -279,10 +292,11 @@ class JobCreateSerializer(serializers.Serializer):
         child=serializers.CharField(max_length=300),
         required=False,
         default=list,
-        help_text="Meta-host labels, each LABEL or LABEL*N for N hosts with that label.",
+        max_length=MAX_ITEMS,
+        help_text="Meta-host labels, each LABEL or LABEL*N for N different hosts with that label.",
     )
-    hosts = serializers.ListField(child=serializers.CharField(max_length=255), required=False, default=list)
-    dependency_labels = serializers.ListField(child=serializers.CharField(max_length=255), required=False, default=list)
+    hosts = _optional_names()
+    dependency_labels = _optional_names()
     priority = PriorityField(required=False, default=PRIORITY_NAMES["default"])
     timeout_mins = serializers.IntegerField(min_value=1, max_value=INT32_MAX, required=False, default=1440)
     max_runtime_mins = serializers.IntegerField(min_value=1, max_value=INT32_MAX, required=False, default=60)
@@ -291,4 +305,6 @@ class JobCreateSerializer(serializers.Serializer):
 
 
 class JobIdsSerializer(serializers.Serializer):
-    ids = serializers.ListField(child=serializers.IntegerField(min_value=1, max_value=INT64_MAX), min_length=1)
+    ids = serializers.ListField(
+        child=serializers.IntegerField(min_value=1, max_value=INT64_MAX), min_length=1, max_length=MAX_ITEMS
+    )

@@ -169,3 +169,20 @@ def test_django_own_400s_are_json_under_the_api(fleet):
     resp = Client(raise_request_exception=False).get("/api/v1/labels/", HTTP_HOST="&D'+")
     assert resp.status_code == 400
     assert resp["Content-Type"] == "application/json" and resp.json() == {"error": "Bad Request", "detail": None}
+
+
+@pytest.mark.parametrize(
+    "url, body, message",
+    [
+        ("/api/v1/labels/", {"names": [f"l{i}" for i in range(40_000)]}, "names: Ensure this field has no more than"),
+        ("/api/v1/hosts/", {"hostnames": ["n1"], "labels": ["x"] * 40_000}, "labels: Ensure this field has no more"),
+        ("/api/v1/jobs/", {**JOB, "dependency_labels": ["x"] * 40_000}, "dependency_labels: Ensure this field"),
+        ("/api/v1/jobs/abort/", {"ids": list(range(1, 40_001))}, "ids: Ensure this field has no more than"),
+    ],
+)
+def test_lists_longer_than_a_query_can_bind_are_a_400(fleet, staff, url, body, message):
+    before = snapshot()
+    resp = staff.post(url, body, format="json")
+    assert resp.status_code == 400, resp.content[:300]
+    assert resp.json()["error"].startswith(message)
+    assert snapshot() == before
