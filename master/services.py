@@ -133,18 +133,24 @@ class HostMove:
 
 @dataclass
 class HostsChange:
+    """Hosts after a label change, and those whose shard changed with it (callers report them)."""
+
     hosts: list[Host]
     moves: list[HostMove]
 
 
 @dataclass
 class ShardChange:
+    """A shard after a label change, and the hosts that joined or left it."""
+
     shard: Shard
     moves: list[HostMove]
 
 
 @dataclass
 class ShardDeletion:
+    """What deleting shards did besides: hosts unassigned and active jobs aborted."""
+
     moves: list[HostMove]
     aborted_job_ids: list[int]
 
@@ -431,6 +437,8 @@ def parse_meta_hosts(text: str) -> list[tuple[str, int]]:
         if not item:
             continue
         name, star, count = item.partition("*")
+        if not name.strip():
+            raise FleetshardError(f"invalid meta-host {item!r}: it needs a label before '*'", field="meta_hosts")
         if star and not _COUNT_RE.fullmatch(count):
             raise FleetshardError(
                 f"invalid meta-host {item!r}: the count after '*' must be a whole number in ASCII digits, such as "

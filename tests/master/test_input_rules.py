@@ -114,6 +114,11 @@ def test_meta_host_counts_are_plain_ascii_digits(item):
         services.parse_meta_hosts(item)
 
 
+def test_a_meta_host_needs_a_label():
+    with pytest.raises(FleetshardError, match=r"^invalid meta-host '\*3': it needs a label before '\*'$"):
+        services.parse_meta_hosts("board:a,*3")
+
+
 def test_meta_host_counts(fleet):
     assert services.parse_meta_hosts("board:a*3, wifi,board:b*010") == [("board:a", 3), ("wifi", 1), ("board:b", 10)]
     with pytest.raises(FleetshardError, match="must be at least 1"):
