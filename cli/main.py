@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from cli.client import DEFAULT_SERVER, Api, CliError, segment
-from cli.output import emit_json, fields, names, table, when
+from cli.output import emit_json, fields, names, plural, table, when, with_moves
 
 TERMINAL_JOB_STATUSES = ("Completed", "Failed", "Aborted", "Expired")
 HOST_STATUSES = ("Ready", "Running", "Cleaning", "Repairing", "Repair Failed")
@@ -142,8 +142,8 @@ def label_create(run: Run, names_: tuple[str, ...], label_file: str | None) -> N
 def label_delete(run: Run, names_: tuple[str, ...], label_file: str | None) -> None:
     """Delete labels (refused while an active job uses one)."""
     wanted = need([*names_, *read_list(label_file)], "label NAME")
-    run.api.post("/labels/delete/", {"names": wanted})
-    run.done({"deleted": wanted}, f"Deleted labels: {', '.join(wanted)}")
+    result = run.api.post("/labels/delete/", {"names": wanted})
+    run.done(result, with_moves(f"Deleted {plural('label', result['deleted'])}", result["hosts_moved"]))
 
 
 @label.command("list")
@@ -157,10 +157,11 @@ def label_list(run: Run, shard: str | None) -> None:
 
 def _label_hosts(run: Run, verb: str, name: str, hosts: tuple[str, ...], host_file: str | None) -> None:
     hostnames = need([*split(hosts), *read_list(host_file)], "host (-m HOST[,HOST] or -M FILE)")
-    changed = run.api.post(f"/labels/{segment(name)}/{verb}_hosts/", {"hosts": hostnames})
+    result = run.api.post(f"/labels/{segment(name)}/{verb}_hosts/", {"hosts": hostnames})
     preposition = "to" if verb == "add" else "from"
-    text = f"{'Added' if verb == 'add' else 'Removed'} label {name} {preposition} hosts: {names(changed, 'hostname')}"
-    run.done({"label": name, "hosts": changed}, text)
+    listed = names(result["hosts"], "hostname")
+    text = f"{'Added' if verb == 'add' else 'Removed'} label {name} {preposition} hosts: {listed}"
+    run.done(result, with_moves(text, result["hosts_moved"]))
 
 
 @label.command("add")
@@ -345,7 +346,8 @@ def shard_add_boards(run: Run, hostname: str, labels: tuple[str, ...], label_fil
     """Give labels to a shard; the hosts with them move to it."""
     wanted = need([*split(labels), *read_list(label_file)], "label (-l LABEL[,LABEL] or -B FILE)")
     obj = run.api.post(f"/shards/{segment(hostname)}/add_labels/", {"labels": wanted})
-    run.done(obj, f"Added labels {', '.join(wanted)} to shard {obj['hostname']} ({_shard_summary(obj)})")
+    text = f"Added labels {', '.join(wanted)} to shard {obj['hostname']} ({_shard_summary(obj)})"
+    run.done(obj, with_moves(text, obj["hosts_moved"]))
 
 
 @shard.command("remove_board")
@@ -355,7 +357,8 @@ def shard_add_boards(run: Run, hostname: str, labels: tuple[str, ...], label_fil
 def shard_remove_board(run: Run, hostname: str, label_: str) -> None:
     """Take a label from a shard; its hosts are unassigned, its running jobs finish."""
     obj = run.api.post(f"/shards/{segment(hostname)}/remove_label/", {"label": label_})
-    run.done(obj, f"Removed label {label_} from shard {obj['hostname']} ({_shard_summary(obj)})")
+    text = f"Removed label {label_} from shard {obj['hostname']} ({_shard_summary(obj)})"
+    run.done(obj, with_moves(text, obj["hosts_moved"]))
 
 
 @shard.command("delete")
@@ -374,8 +377,11 @@ def shard_delete(run: Run, hostnames: tuple[str, ...], no_confirmation: bool) ->
             raise CliError("no confirmation on standard input: pass --no-confirmation to delete anyway") from None
         if not confirmed:
             raise CliError("nothing deleted")
-    run.api.post("/shards/delete/", {"hostnames": wanted})
-    run.done({"deleted": wanted}, f"Deleted shards: {', '.join(wanted)}")
+    result = run.api.post("/shards/delete/", {"hostnames": wanted})
+    text = with_moves(f"Deleted shards: {', '.join(wanted)}", result["hosts_moved"])
+    if result["jobs_aborted"]:
+        text += f"; aborted {plural('job', result['jobs_aborted'])}"
+    run.done(result, text)
 
 
 # Jobs
@@ -410,7 +416,12 @@ def job() -> None:
 @click.argument("name")
 @click.option("-c", "--command", "command", required=True, help="Shell command to run on each host.")
 @click.option(
-    "-m", "--meta-hosts", "meta_hosts", multiple=True, metavar="LABEL[*N][,...]", help="Any N hosts with LABEL."
+    "-m",
+    "--meta-hosts",
+    "meta_hosts",
+    multiple=True,
+    metavar="LABEL[*N][,...]",
+    help="Any N different hosts with LABEL.",
 )
 @click.option("--hosts", "hosts", multiple=True, metavar="HOST[,HOST]", help="These hosts.")
 @HOSTS_FILE

@@ -55,3 +55,31 @@ def emit_json(data: Any) -> None:
 
 def names(objs: Sequence[dict[str, Any]], key: str) -> str:
     return ", ".join(str(o[key]) for o in objs)
+
+
+def plural(kind: str, items: Sequence[Any]) -> str:
+    """`label a` or `labels a, b`."""
+    return f"{kind}{'s' if len(items) != 1 else ''} {', '.join(str(i) for i in items)}"
+
+
+def moves(moved: Sequence[dict[str, Any]]) -> str:
+    """The API's hosts_moved as a sentence: `host dut3 left shard lab1; hosts a1, a2 joined shard lab2`."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for move in moved:
+        groups.setdefault((move.get("from_shard") or "", move.get("to_shard") or ""), []).append(move["hostname"])
+    parts = []
+    for (before, after), hostnames in sorted(groups.items()):
+        who = plural("host", sorted(hostnames))
+        if not after:
+            parts.append(f"{who} left shard {before}")
+        elif not before:
+            parts.append(f"{who} joined shard {after}")
+        else:
+            parts.append(f"{who} moved from shard {before} to shard {after}")
+    return "; ".join(parts)
+
+
+def with_moves(text: str, moved: Sequence[dict[str, Any]]) -> str:
+    """`text`, then which hosts changed shard, if any did."""
+    sentence = moves(moved)
+    return f"{text}; {sentence}" if sentence else text

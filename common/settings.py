@@ -129,6 +129,7 @@ FLEETSHARD_MASTER_URL = os.environ.get("FLEETSHARD_MASTER_URL", "http://127.0.0.
 FLEETSHARD_SHARD_HOSTNAME = os.environ.get("FLEETSHARD_SHARD_HOSTNAME", "")
 FLEETSHARD_SHARD_TOKEN = os.environ.get("FLEETSHARD_SHARD_TOKEN", "")
 FLEETSHARD_REQUEST_TIMEOUT_S = float(os.environ.get("FLEETSHARD_REQUEST_TIMEOUT_S", "30"))
+FLEETSHARD_MAX_HQES_PER_JOB = int(os.environ.get("FLEETSHARD_MAX_HQES_PER_JOB", "500"))  # a job's bound
 
 # The shard's scheduler and executors (shard/scheduler.py). Durations in seconds unless named _mins.
 FLEETSHARD_RESULTS_DIR = Path(os.environ.get("FLEETSHARD_RESULTS_DIR", str(DATA_DIR / "results"))).resolve()

@@ -3,7 +3,9 @@
 import hashlib
 import hmac
 import secrets
+from datetime import datetime, timedelta
 
+from django.db.models import Q
 from django.utils import timezone
 
 from common.models import Token
@@ -37,5 +39,27 @@ def find_token(raw: str) -> Token | None:
     return token
 
 
-def touch(token: Token) -> None:
-    Token.objects.filter(pk=token.pk).update(last_used=timezone.now())
+# Token.last_used is for people ("is this token still in use?"), so a minute's precision is plenty.
+TOUCH_INTERVAL = timedelta(seconds=60)
+
+
+def touch(token: Token, now: datetime | None = None) -> bool:
+    """Records that `token` was used at `now`, at most once a minute; True when it wrote.
+
+    Called on every authenticated request, so it must not write on every one: when the loaded row
+    shows a use within the last minute it does nothing (no query at all), else one conditional
+    UPDATE whose WHERE clause lets only the first of several concurrent requests write. The heartbeat
+    (master/views.py) can call it with the shard token it found.
+    """
+    now = now or timezone.now()
+    cutoff = now - TOUCH_INTERVAL
+    if token.last_used is not None and token.last_used >= cutoff:
+        return False
+    written = (
+        Token.objects.filter(pk=token.pk)
+        .filter(Q(last_used__isnull=True) | Q(last_used__lt=cutoff))
+        .update(last_used=now)
+    )
+    if written:
+        token.last_used = now
+    return bool(written)

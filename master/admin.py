@@ -57,6 +57,12 @@ def _names(objs: Sequence[Any], attr: str = "hostname") -> list[str]:
     return [getattr(o, attr) for o in objs]
 
 
+def _with_moves(message: str, moves: Sequence[services.HostMove]) -> str:
+    """A success message that also says which hosts left or joined which shard."""
+    moved = services.describe_moves(moves)
+    return f"{message}; {moved}" if moved else message
+
+
 def audit(request: HttpRequest, objects: Sequence[Any], message: str, flag: int = CHANGE) -> None:
     """Records the change in the admin's history, so an object's page says who locked it and why."""
     if objects:
@@ -215,8 +221,8 @@ class LabelAdmin(ServiceAdmin):
     @admin.action(description="Delete selected labels", permissions=["change"])
     def delete_labels(self, request: HttpRequest, queryset: QuerySet[Label]) -> TemplateResponse | None:
         def apply(data: dict[str, Any], labels: list[Label]) -> str:
-            services.delete_labels(_names(labels, "name"))
-            return f"deleted {_listed('label', _names(labels, 'name'))}"
+            moves = services.delete_labels(_names(labels, "name"))
+            return _with_moves(f"deleted {_listed('label', _names(labels, 'name'))}", moves)
 
         return form_action(
             self,
@@ -279,16 +285,17 @@ class HostAdmin(HostColumns, ServiceAdmin):
     @admin.action(description="Add a label to selected hosts…", permissions=["change"])
     def add_label(self, request: HttpRequest, queryset: QuerySet[Host]) -> TemplateResponse | None:
         def apply(data: dict[str, Any], hosts: list[Host]) -> str:
-            services.add_label_to_hosts(data["label"].name, _names(hosts))
-            return f"added label {data['label'].name} to {_listed('host', _names(hosts))}"
+            change = services.add_label_to_hosts(data["label"].name, _names(hosts))
+            return _with_moves(f"added label {data['label'].name} to {_listed('host', _names(hosts))}", change.moves)
 
         return form_action(self, request, queryset, title="Add a label", apply=apply, form_class=LabelForm)
 
     @admin.action(description="Remove a label from selected hosts…", permissions=["change"])
     def remove_label(self, request: HttpRequest, queryset: QuerySet[Host]) -> TemplateResponse | None:
         def apply(data: dict[str, Any], hosts: list[Host]) -> str:
-            services.remove_label_from_hosts(data["label"].name, _names(hosts))
-            return f"removed label {data['label'].name} from {_listed('host', _names(hosts))}"
+            change = services.remove_label_from_hosts(data["label"].name, _names(hosts))
+            message = f"removed label {data['label'].name} from {_listed('host', _names(hosts))}"
+            return _with_moves(message, change.moves)
 
         on_hosts = Label.objects.filter(hosts__in=queryset).distinct().select_related("shard").order_by("name")
         return form_action(
@@ -379,6 +386,10 @@ class ShardAdmin(ServiceAdmin):
     def get_queryset(self, request: HttpRequest) -> QuerySet[Shard]:
         return annotate_shards(super().get_queryset(request)).prefetch_related("labels")
 
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        # Creating a shard shows its heartbeat token, and a shard token needs change_shard.
+        return super().has_add_permission(request) and request.user.has_perm("common.change_shard")
+
     @admin.display(description="state", ordering="last_heartbeat")
     def state(self, obj: Shard) -> SafeString:
         return badge(obj.status)
@@ -422,8 +433,8 @@ class ShardAdmin(ServiceAdmin):
 
         def apply(data: dict[str, Any], shards: list[Shard]) -> str:
             names = [label.name for label in data["labels"]]
-            services.add_labels_to_shard(shard.hostname, names)
-            return f"shard {shard.hostname} now owns {_listed('label', names)}"
+            change = services.add_labels_to_shard(shard.hostname, names)
+            return _with_moves(f"shard {shard.hostname} now owns {_listed('label', names)}", change.moves)
 
         return form_action(self, request, queryset, title=f"Add labels to {shard}", apply=apply, form_class=LabelsForm)
 
@@ -434,8 +445,8 @@ class ShardAdmin(ServiceAdmin):
             return None
 
         def apply(data: dict[str, Any], shards: list[Shard]) -> str:
-            services.remove_label_from_shard(shard.hostname, data["label"].name)
-            return f"removed label {data['label'].name} from shard {shard.hostname}"
+            change = services.remove_label_from_shard(shard.hostname, data["label"].name)
+            return _with_moves(f"removed label {data['label'].name} from shard {shard.hostname}", change.moves)
 
         return form_action(
             self,
@@ -451,8 +462,8 @@ class ShardAdmin(ServiceAdmin):
     @admin.action(description="Delete selected shards", permissions=["change"])
     def delete_shards(self, request: HttpRequest, queryset: QuerySet[Shard]) -> TemplateResponse | None:
         def apply(data: dict[str, Any], shards: list[Shard]) -> str:
-            services.delete_shards(_names(shards))
-            return f"deleted {_listed('shard', _names(shards))}"
+            deletion = services.delete_shards(_names(shards))
+            return _with_moves(f"deleted {_listed('shard', _names(shards))}", deletion.moves)
 
         return form_action(
             self,

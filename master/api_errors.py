@@ -2,6 +2,8 @@
 
 from typing import Any
 
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views import defaults
 from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -42,3 +44,11 @@ def _field_messages(detail: Any, path: str = "") -> list[tuple[str, list[str]]]:
     if any(isinstance(item, dict | list) for item in items):
         return [pair for item in items for pair in _field_messages(item, path)]
     return [(path, [str(item) for item in items])]
+
+
+def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """Django's own 400s (a Host header it refuses, say) in the API's JSON shape under /api/, so
+    clients and the documented schema see one error format there; elsewhere Django's page."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"error": "Bad Request", "detail": None}, status=400)
+    return defaults.bad_request(request, exception)  # type: ignore[arg-type]

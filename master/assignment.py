@@ -82,3 +82,105 @@ def route_job(specs: list[HQESpec], dependency_labels: list[Label]) -> Shard:
             field="dependency_labels",
         )
     return Shard.objects.get(id=common.pop())
+
+
+def _max_flow(demand: dict[int, int], pools: dict[frozenset[int], int]) -> set[int]:
+    """Matches each group's demand to distinct hosts; returns the groups left short, or an empty set.
+
+    `demand`: group (a meta-host label id) -> hosts wanted. `pools`: the set of groups a kind of host
+    can serve -> how many hosts are of that kind. A max flow from groups to pools on this small graph
+    (at most one node per group and per kind of host) is exact, unlike counting hosts per group. When
+    it falls short, the groups still reachable from the source in the residual graph are a set whose
+    demand exceeds the hosts able to serve any of them (Hall's condition), which the error names.
+    """
+    pool_list = list(pools)
+    flow_to_pool: dict[tuple[int, int], int] = {}  # (group, pool index) -> units
+    used = [0] * len(pool_list)  # units into each pool, at most its size
+    sent = dict.fromkeys(demand, 0)
+    adjacent = {g: [i for i, p in enumerate(pool_list) if g in p] for g in demand}
+    serving: dict[int, list[int]] = {i: [g for g in demand if g in p] for i, p in enumerate(pool_list)}
+
+    def augment() -> tuple[bool, set[int]]:
+        # BFS over groups; from a group to a pool along any edge, from a pool back to a group
+        # along an edge that carries flow (undoing it), until a pool with room is found.
+        start = [g for g in demand if sent[g] < demand[g]]
+        parent: dict[tuple[str, int], tuple[str, int] | None] = {("g", g): None for g in start}
+        queue = [("g", g) for g in start]
+        while queue:
+            kind, node = queue.pop(0)
+            if kind == "g":
+                for i in adjacent[node]:
+                    if ("p", i) not in parent:
+                        parent[("p", i)] = (kind, node)
+                        if used[i] < pools[pool_list[i]]:
+                            _apply(parent, ("p", i))
+                            return True, set()
+                        queue.append(("p", i))
+            else:
+                for g in serving[node]:
+                    if flow_to_pool.get((g, node), 0) > 0 and ("g", g) not in parent:
+                        parent[("g", g)] = (kind, node)
+                        queue.append(("g", g))
+        return False, {node for kind, node in parent if kind == "g"}
+
+    def _apply(parent: dict[tuple[str, int], tuple[str, int] | None], end: tuple[str, int]) -> None:
+        used[end[1]] += 1
+        node: tuple[str, int] = end
+        while True:
+            prev = parent[node]
+            if prev is None:
+                sent[node[1]] += 1
+                return
+            if node[0] == "p":  # group prev -> pool node: one more unit
+                key = (prev[1], node[1])
+                flow_to_pool[key] = flow_to_pool.get(key, 0) + 1
+            else:  # pool prev -> group node: undo one unit of group node into pool prev
+                flow_to_pool[(node[1], prev[1])] -= 1
+            node = prev
+
+    while any(sent[g] < demand[g] for g in demand):
+        ok, short = augment()
+        if not ok:
+            return short
+    return set()
+
+
+def check_capacity(shard: Shard, counts: dict[Label, int], dependency_labels: list[Label]) -> None:
+    """Refuses a job whose meta-hosts ask for more distinct hosts than its shard has.
+
+    A job never uses a host twice (DESIGN.md): the N entries of `LABEL*N` run on N different hosts,
+    so each needs a host on `shard` with that label and every dependency label, and no host serves
+    two entries. Locked hosts (and hosts in repair) count: they may be unlocked or repaired later,
+    and the job waits in the queue until then; only a job that can never run is refused here.
+    """
+    wanted = {label.id: label for label in counts}
+    dep_ids = {d.id for d in dependency_labels}
+    pairs = Host.labels.through.objects.filter(host__shard=shard, label_id__in=set(wanted) | dep_ids).values_list(
+        "host_id", "label_id"
+    )
+    labels_of: dict[int, set[int]] = {}
+    for host_id, label_id in pairs:
+        labels_of.setdefault(host_id, set()).add(label_id)
+    pools: dict[frozenset[int], int] = {}
+    for host_labels in labels_of.values():
+        serves = frozenset(host_labels & set(wanted))
+        if serves and dep_ids <= host_labels:
+            pools[serves] = pools.get(serves, 0) + 1
+    deps = f" (and dependency labels {', '.join(sorted(d.name for d in dependency_labels))})" if dep_ids else ""
+    for label, count in counts.items():
+        have = sum(n for serves, n in pools.items() if label.id in serves)
+        if have < count:
+            raise Refused(
+                f"job asks for {count} hosts with {label.name}{deps} but shard {shard.hostname} has {have}",
+                field="meta_hosts",
+            )
+    short = _max_flow({label.id: count for label, count in counts.items()}, pools)
+    if short:
+        names = sorted(wanted[g].name for g in short)
+        asked = sum(counts[wanted[g]] for g in short)
+        have = sum(n for serves, n in pools.items() if serves & short)
+        raise Refused(
+            f"job asks for {asked} different hosts with {' or '.join(names)}{deps} but shard {shard.hostname} "
+            f"has {have} (a job never uses a host twice)",
+            field="meta_hosts",
+        )

@@ -5,7 +5,7 @@ from typing import Any
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from common.tokens import find_token
+from common.tokens import find_token, touch
 
 
 class PersonalTokenAuthentication(authentication.BaseAuthentication):
@@ -25,6 +25,7 @@ class PersonalTokenAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed("a shard token is only valid for the heartbeat")
         if not token.user.is_active:
             raise exceptions.AuthenticationFailed("the token's user is inactive")
+        touch(token)  # the admin shows last_used; written at most once a minute
         return token.user, token
 
     def authenticate_header(self, request: Request) -> str:

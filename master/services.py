@@ -7,6 +7,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.db.models import F
@@ -17,20 +18,74 @@ from common.errors import FleetshardError, NotFound, Refused
 from common.jobstatus import refresh_job_statuses
 from common.models import Host, HostQueueEntry, Job, Label, Shard, Token
 from common.tokens import issue_token
-from master.assignment import HQESpec, route_job, shard_for_labels
+from master.assignment import HQESpec, check_capacity, route_job, shard_for_labels
 
-_NAME_RE = re.compile(r"^[^\s,*]+$")
+# Names of hosts, labels and shards end up in URL paths, shell environments, file names, log lines
+# and the admin: plain ASCII without separators or '..' keeps them meaning only themselves there.
+_NAME_RE = re.compile(r"[A-Za-z0-9.\-_:@+=]{1,255}")
+NAME_RULE = "use letters, digits and . - _ : @ + = (no '..', not starting with '.', at most 255 characters)"
+# Attribute and keyval names become environment variable suffixes on the shard (FLEETSHARD_HOST_ATTR_*).
+_KEY_RE = re.compile(r"[A-Za-z0-9_.\-]{1,255}")
+KEY_RULE = "use 1-255 letters, digits, '_', '.', '-'"
+# What no database column can hold as text (PostgreSQL refuses NUL; no encoder takes a lone surrogate).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+MAX_MAP_ENTRIES = 256
+MAX_VALUE_LENGTH = 1024
+INT32_MAX = 2**31 - 1
 
 
-def _check_names(kind: str, names: Sequence[str]) -> list[str]:
+def valid_name(name: object) -> bool:
+    """Whether `name` may name a new host, label or shard (existing names are not re-checked)."""
+    return isinstance(name, str) and bool(_NAME_RE.fullmatch(name)) and ".." not in name and name[0] != "."
+
+
+def _check_new_names(kind: str, names: Sequence[str]) -> list[str]:
+    """The names of objects to create, each following NAME_RULE, without repeats."""
     if not names:
         raise FleetshardError(f"give at least one {kind} name", field=kind)
     for name in names:
-        if not name or len(name) > 255 or not _NAME_RE.match(name):
-            raise FleetshardError(
-                f"invalid {kind} name {name!r}: use 1-255 characters without spaces, commas or '*'", field=kind
-            )
+        if not valid_name(name):
+            raise FleetshardError(f"invalid {kind} name {name!r}: {NAME_RULE}", field=kind)
     return list(dict.fromkeys(names))
+
+
+def _check_names(kind: str, names: Sequence[str]) -> list[str]:
+    """Names to look up, without repeats. Lenient on purpose: objects named before NAME_RULE existed
+    must stay reachable to be fixed or deleted. Only what no database can hold is refused here
+    (PostgreSQL fails on a NUL); the lookup itself says which names are unknown."""
+    if not names:
+        raise FleetshardError(f"give at least one {kind} name", field=kind)
+    for name in names:
+        if not isinstance(name, str) or not name or len(name) > 255 or _UNSTORABLE.search(name):
+            raise NotFound(f"unknown {kind} {name!r}", field=kind)
+    return list(dict.fromkeys(names))
+
+
+def _check_text(what: str, value: object, field_name: str, *, max_length: int) -> str:
+    """Free text to store: a string without NUL or lone surrogates, at most `max_length` long."""
+    if not isinstance(value, str):
+        raise FleetshardError(f"{what} must be a string, not {type(value).__name__}", field=field_name)
+    if _UNSTORABLE.search(value):
+        raise FleetshardError(f"{what} must not contain NUL or lone surrogate characters", field=field_name)
+    if len(value) > max_length:
+        raise FleetshardError(f"{what} is longer than {max_length} characters", field=field_name)
+    return value
+
+
+def _check_string_map(kind: str, mapping: object, field_name: str) -> dict[str, str]:
+    """Host attributes and job keyvals: names per KEY_RULE (shards put them in environment variable
+    names), values storable strings, and a bounded number of entries."""
+    if not isinstance(mapping, dict):
+        raise FleetshardError(f"{field_name} must map names to strings", field=field_name)
+    if len(mapping) > MAX_MAP_ENTRIES:
+        raise FleetshardError(
+            f"{field_name} may have at most {MAX_MAP_ENTRIES} entries; this one has {len(mapping)}", field=field_name
+        )
+    for key, value in mapping.items():
+        if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
+            raise FleetshardError(f"invalid {kind} name {key!r}: {KEY_RULE}", field=field_name)
+        _check_text(f"{kind} {key}", value, field_name, max_length=MAX_VALUE_LENGTH)
+    return dict(mapping)
 
 
 def _plural(kind: str, names: Iterable[str]) -> str:
@@ -66,15 +121,72 @@ def get_shard(hostname: str, *, lock: bool = False) -> Shard:
         raise NotFound(f"unknown shard {hostname}", field="shard") from None
 
 
-def _reassign(hosts: Iterable[Host]) -> None:
-    """Recomputes each host's shard from its labels; raises (rolling back) on a two-shard host."""
+@dataclass(frozen=True)
+class HostMove:
+    """A host whose shard changed: operators must know which hosts left which shard, since a job
+    already queued there for that host can no longer run on it."""
+
+    hostname: str
+    from_shard: str | None
+    to_shard: str | None
+
+
+@dataclass
+class HostsChange:
+    """Hosts after a label change, and those whose shard changed with it (callers report them)."""
+
+    hosts: list[Host]
+    moves: list[HostMove]
+
+
+@dataclass
+class ShardChange:
+    """A shard after a label change, and the hosts that joined or left it."""
+
+    shard: Shard
+    moves: list[HostMove]
+
+
+@dataclass
+class ShardDeletion:
+    """What deleting shards did besides: hosts unassigned and active jobs aborted."""
+
+    moves: list[HostMove]
+    aborted_job_ids: list[int]
+
+
+def describe_moves(moves: Sequence[HostMove]) -> str:
+    """`host dut3 left shard lab1; hosts a1, a2 joined shard lab2`, or "" when nothing moved."""
+    groups: dict[tuple[str | None, str | None], list[str]] = {}
+    for move in moves:
+        groups.setdefault((move.from_shard, move.to_shard), []).append(move.hostname)
+    parts = []
+    for (before, after), hostnames in sorted(groups.items(), key=lambda g: (g[0][0] or "", g[0][1] or "")):
+        who = _plural("host", hostnames)
+        if after is None:
+            parts.append(f"{who} left shard {before}")
+        elif before is None:
+            parts.append(f"{who} joined shard {after}")
+        else:
+            parts.append(f"{who} moved from shard {before} to shard {after}")
+    return "; ".join(parts)
+
+
+def _reassign(hosts: Iterable[Host]) -> list[HostMove]:
+    """Recomputes each host's shard from its labels; raises (rolling back) on a two-shard host.
+
+    Returns the hosts whose shard changed, in hostname order."""
+    moves = []
     for host in hosts:
         labels = list(Label.objects.select_related("shard").filter(hosts=host))
         shard = shard_for_labels(host.hostname, labels)
         if shard != host.shard:
+            before = host.shard.hostname if host.shard is not None else None
+            moves.append(HostMove(host.hostname, before, shard.hostname if shard is not None else None))
             host.shard = shard
             host.version = F("version") + 1
             host.save(update_fields=["shard", "version"])
+    return sorted(moves, key=lambda m: m.hostname)
 
 
 def _bump_hosts(hosts: Iterable[Host]) -> None:
@@ -86,7 +198,7 @@ def _bump_hosts(hosts: Iterable[Host]) -> None:
 
 @transaction.atomic
 def create_labels(names: Sequence[str]) -> list[Label]:
-    names = _check_names("label", names)
+    names = _check_new_names("label", names)
     existing = list(Label.objects.filter(name__in=names).values_list("name", flat=True))
     if existing:
         raise Refused(f"{_plural('label', existing)} already exist{'' if len(existing) > 1 else 's'}", field="name")
@@ -94,7 +206,8 @@ def create_labels(names: Sequence[str]) -> list[Label]:
 
 
 @transaction.atomic
-def delete_labels(names: Sequence[str]) -> None:
+def delete_labels(names: Sequence[str]) -> list[HostMove]:
+    """Deletes labels unused by active jobs; returns the hosts that left a shard with them."""
     labels = get_labels(_check_names("label", names), lock=True)
     for label in labels:
         in_use = Job.objects.filter(status__in=JobStatus.ACTIVE).filter(
@@ -103,27 +216,27 @@ def delete_labels(names: Sequence[str]) -> None:
         job_ids = sorted({j.id for j in in_use})
         if job_ids:
             raise Refused(f"label {label.name} is used by active jobs {', '.join(map(str, job_ids))}", field="name")
-    hosts = list(Host.objects.filter(labels__in=labels).distinct())
+    hosts = list(Host.objects.filter(labels__in=labels).distinct().select_related("shard"))
     Label.objects.filter(id__in=[label.id for label in labels]).delete()
     _bump_hosts(hosts)
-    _reassign(hosts)
+    return _reassign(hosts)
 
 
 @transaction.atomic
-def add_label_to_hosts(label_name: str, hostnames: Sequence[str]) -> list[Host]:
-    (label,) = get_labels([label_name])
+def add_label_to_hosts(label_name: str, hostnames: Sequence[str]) -> HostsChange:
+    (label,) = get_labels(_check_names("label", [label_name]))
     hosts = get_hosts(_check_names("host", hostnames), lock=True)
     changed = [h for h in hosts if label not in h.labels.all()]
     for host in changed:
         host.labels.add(label)
     _bump_hosts(changed)
-    _reassign(changed)
-    return get_hosts(hostnames)
+    moves = _reassign(changed)
+    return HostsChange(get_hosts(hostnames), moves)
 
 
 @transaction.atomic
-def remove_label_from_hosts(label_name: str, hostnames: Sequence[str]) -> list[Host]:
-    (label,) = get_labels([label_name])
+def remove_label_from_hosts(label_name: str, hostnames: Sequence[str]) -> HostsChange:
+    (label,) = get_labels(_check_names("label", [label_name]))
     hosts = get_hosts(_check_names("host", hostnames), lock=True)
     without = [h.hostname for h in hosts if label not in h.labels.all()]
     if without:
@@ -131,8 +244,8 @@ def remove_label_from_hosts(label_name: str, hostnames: Sequence[str]) -> list[H
     for host in hosts:
         host.labels.remove(label)
     _bump_hosts(hosts)
-    _reassign(hosts)
-    return get_hosts(hostnames)
+    moves = _reassign(hosts)
+    return HostsChange(get_hosts(hostnames), moves)
 
 
 # Hosts
@@ -147,24 +260,21 @@ def create_hosts(
     locked: bool = False,
     lock_reason: str = "",
 ) -> list[Host]:
-    hostnames = _check_names("host", hostnames)
+    hostnames = _check_new_names("host", hostnames)
+    attributes = _check_string_map("attribute", attributes or {}, "attributes")
+    _check_text("the lock reason", lock_reason, "lock_reason", max_length=1024)
+    if lock_reason and not locked:
+        raise FleetshardError("a lock reason needs --lock", field="lock_reason")
     existing = list(Host.objects.filter(hostname__in=hostnames).values_list("hostname", flat=True))
     if existing:
         raise Refused(f"{_plural('host', existing)} already exist{'' if len(existing) > 1 else 's'}", field="hostname")
-    label_objs = get_labels(labels) if labels else []
-    for key in attributes or {}:
-        if not key or not re.match(r"^[A-Za-z0-9_.-]+$", key):
-            raise FleetshardError(
-                f"invalid attribute name {key!r}: use letters, digits, '_', '.', '-'", field="attributes"
-            )
-    if lock_reason and not locked:
-        raise FleetshardError("a lock reason needs --lock", field="lock_reason")
+    label_objs = get_labels(_check_names("label", labels)) if labels else []
     hosts = []
     for hostname in hostnames:
         shard = shard_for_labels(hostname, label_objs)
         host = Host.objects.create(
             hostname=hostname,
-            attributes=dict(attributes or {}),
+            attributes=attributes,
             locked=locked,
             lock_reason=lock_reason if locked else "",
             shard=shard,
@@ -190,6 +300,7 @@ def delete_hosts(hostnames: Sequence[str]) -> None:
 
 @transaction.atomic
 def lock_hosts(hostnames: Sequence[str], reason: str = "") -> list[Host]:
+    _check_text("the lock reason", reason, "reason", max_length=1024)
     hosts = get_hosts(_check_names("host", hostnames), lock=True)
     Host.objects.filter(id__in=[h.id for h in hosts]).update(locked=True, lock_reason=reason, version=F("version") + 1)
     return get_hosts(hostnames)
@@ -208,7 +319,7 @@ def unlock_hosts(hostnames: Sequence[str]) -> list[Host]:
 @transaction.atomic
 def create_shard(hostname: str, labels: Sequence[str] = ()) -> tuple[Shard, str]:
     """Creates a shard and its token; the raw token is returned once and never stored."""
-    (hostname,) = _check_names("shard", [hostname])
+    (hostname,) = _check_new_names("shard", [hostname])
     if Shard.objects.filter(hostname=hostname).exists():
         raise Refused(f"shard {hostname} already exists", field="hostname")
     shard = Shard.objects.create(hostname=hostname)
@@ -220,36 +331,41 @@ def create_shard(hostname: str, labels: Sequence[str] = ()) -> tuple[Shard, str]
 
 
 @transaction.atomic
-def add_labels_to_shard(hostname: str, label_names: Sequence[str]) -> Shard:
+def add_labels_to_shard(hostname: str, label_names: Sequence[str]) -> ShardChange:
     shard = get_shard(hostname, lock=True)
     labels = get_labels(_check_names("label", label_names), lock=True)
     for label in labels:
         if label.shard_id is not None and label.shard_id != shard.id:
             raise Refused(f"label {label.name} already belongs to shard {label.shard.hostname}", field="labels")  # type: ignore[union-attr]
     Label.objects.filter(id__in=[label.id for label in labels]).update(shard=shard)
-    _reassign(
-        Host.objects.filter(
-            id__in=Host.labels.through.objects.filter(label__in=labels).values("host_id")
-        ).select_for_update()
+    moves = _reassign(
+        Host.objects.filter(id__in=Host.labels.through.objects.filter(label__in=labels).values("host_id"))
+        .select_related("shard")
+        .select_for_update(of=("self",))
     )
-    return shard
+    return ShardChange(shard, moves)
 
 
 @transaction.atomic
-def remove_label_from_shard(hostname: str, label_name: str) -> Shard:
+def remove_label_from_shard(hostname: str, label_name: str) -> ShardChange:
+    """Takes a label from a shard; returns the hosts that left the shard with it."""
     shard = get_shard(hostname, lock=True)
-    (label,) = get_labels([label_name], lock=True)
+    (label,) = get_labels(_check_names("label", [label_name]), lock=True)
     if label.shard_id != shard.id:
         raise FleetshardError(f"label {label.name} does not belong to shard {shard.hostname}", field="labels")
     Label.objects.filter(id=label.id).update(shard=None)
-    _reassign(Host.objects.filter(labels=label).select_for_update())
-    return shard
+    moves = _reassign(Host.objects.filter(labels=label).select_related("shard").select_for_update(of=("self",)))
+    return ShardChange(shard, moves)
 
 
 @transaction.atomic
-def delete_shards(hostnames: Sequence[str]) -> None:
-    """Unassigns the shards' labels and hosts; their active jobs can no longer run, so they end Aborted."""
+def delete_shards(hostnames: Sequence[str]) -> ShardDeletion:
+    """Unassigns the shards' labels and hosts; their active jobs can no longer run, so they end Aborted.
+
+    Returns the hosts that left the shards and the jobs aborted."""
     shards = [get_shard(h, lock=True) for h in _check_names("shard", hostnames)]
+    moves: list[HostMove] = []
+    aborted: list[int] = []
     for shard in shards:
         active_jobs = list(Job.objects.filter(shard=shard, status__in=JobStatus.ACTIVE).values_list("id", flat=True))
         HostQueueEntry.objects.filter(job_id__in=active_jobs, status__in=HQEStatus.ACTIVE).update(
@@ -257,26 +373,43 @@ def delete_shards(hostnames: Sequence[str]) -> None:
         )
         Job.objects.filter(id__in=active_jobs).update(aborted=True, version=F("version") + 1)
         refresh_job_statuses(active_jobs)
+        leaving = Host.objects.filter(shard=shard).order_by("hostname").values_list("hostname", flat=True)
+        moves += [HostMove(hostname, shard.hostname, None) for hostname in leaving]
+        aborted += active_jobs
         Host.objects.filter(shard=shard).update(shard=None, version=F("version") + 1)
         shard.delete()
+    return ShardDeletion(sorted(moves, key=lambda m: m.hostname), sorted(aborted))
 
 
 # Jobs
 
 
+_PRIORITY_RE = re.compile(r"[+-]?[0-9]{1,10}")
+_COUNT_RE = re.compile(r"[0-9]+")
+
+
 def parse_priority(value: str | int) -> int:
-    if isinstance(value, int):
-        return value
-    text = str(value).strip().lower()
-    if text in PRIORITY_NAMES:
-        return PRIORITY_NAMES[text]
-    try:
-        return int(text)
-    except ValueError:
-        names = ", ".join(f"{k}={v}" for k, v in PRIORITY_NAMES.items())
+    """An integer from -(2^31-1) to 2^31-1 or a priority name. Digits are ASCII only: Python's int()
+    takes '²', '٣' and '1_0', which nobody means as a priority."""
+    names = ", ".join(f"{k}={v}" for k, v in PRIORITY_NAMES.items())
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise FleetshardError(f"invalid priority {value!r}: use an integer or one of {names}", field="priority")
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in PRIORITY_NAMES:
+            return PRIORITY_NAMES[text]
+        if not _PRIORITY_RE.fullmatch(text):
+            raise FleetshardError(f"invalid priority {value!r}: use an integer or one of {names}", field="priority")
+        value = int(text)
+    if abs(value) > INT32_MAX:
         raise FleetshardError(
-            f"invalid priority {value!r}: use an integer or one of {names}", field="priority"
-        ) from None
+            f"invalid priority {value}: it must be between {-INT32_MAX} and {INT32_MAX}", field="priority"
+        )
+    return value
+
+
+def max_hqes_per_job() -> int:
+    return int(settings.FLEETSHARD_MAX_HQES_PER_JOB)
 
 
 @dataclass
@@ -295,65 +428,102 @@ class JobRequest:
 
 
 def parse_meta_hosts(text: str) -> list[tuple[str, int]]:
-    """`board:pixel7*3,board:x` -> [("board:pixel7", 3), ("board:x", 1)]."""
+    """`board:pixel7*3,board:x` -> [("board:pixel7", 3), ("board:x", 1)].
+
+    N is plain ASCII decimal digits (not '+3', ' 3', '1_0' or '٣', all of which int() takes); its
+    size is judged by create_job against the per-job bound, so a huge N is an error naming it."""
     result = []
     for item in (part.strip() for part in text.split(",")):
         if not item:
             continue
         name, star, count = item.partition("*")
-        try:
-            n = int(count) if star else 1
-        except ValueError:
+        if not name.strip():
+            raise FleetshardError(f"invalid meta-host {item!r}: it needs a label before '*'", field="meta_hosts")
+        if star and not _COUNT_RE.fullmatch(count):
             raise FleetshardError(
-                f"invalid meta-host {item!r}: the count after '*' must be an integer", field="meta_hosts"
-            ) from None
+                f"invalid meta-host {item!r}: the count after '*' must be a whole number in ASCII digits, such as "
+                f"{name}*2",
+                field="meta_hosts",
+            )
+        # Python refuses to convert over 4300 digits; any count that long is over the bound anyway.
+        n = (int(count) if len(count) <= 100 else 10**100) if star else 1
         result.append((name, n))
     return result
 
 
+def merge_meta_hosts(meta_hosts: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
+    """`board:a*1, board:a*1, wifi` -> [("board:a", 2), ("wifi", 1)]: a label named twice asks for
+    that many hosts in all, which is what someone who wrote it twice means."""
+    merged: dict[str, int] = {}
+    for name, count in meta_hosts:
+        merged[name] = merged.get(name, 0) + count
+    return list(merged.items())
+
+
+def _check_count(value: object, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= INT32_MAX:
+        raise FleetshardError(f"{name} must be an integer from 1 to {INT32_MAX}, not {value!r}", field=name)
+    return value
+
+
 @transaction.atomic
 def create_job(req: JobRequest) -> Job:
-    if not req.name.strip():
+    """Creates a job routed to the one shard that can run all of it.
+
+    Refused (nothing created) when the job is malformed, asks for more than
+    FLEETSHARD_MAX_HQES_PER_JOB host queue entries, spans shards, or asks for more distinct hosts
+    than its shard has (a job never uses a host twice; see master.assignment.check_capacity)."""
+    name = _check_text("the job name", req.name, "name", max_length=255).strip()
+    if not name:
         raise FleetshardError("a job needs a name", field="name")
+    _check_text("the command", req.command, "command", max_length=1024 * 1024)
     if not req.command.strip():
         raise FleetshardError("a job needs a command", field="command")
     if not req.owner:
         raise FleetshardError("a job needs an owner", field="owner")
     priority = parse_priority(req.priority)
-    for name in ("timeout_mins", "max_runtime_mins"):
-        value = getattr(req, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise FleetshardError(f"{name} must be a positive integer, not {value!r}", field=name)
+    timeout_mins = _check_count(req.timeout_mins, "timeout_mins")
+    max_runtime_mins = _check_count(req.max_runtime_mins, "max_runtime_mins")
     if bool(req.meta_hosts) == bool(req.hosts):
         raise FleetshardError("give either meta-hosts (-m) or hosts (--hosts), and at least one", field="meta_hosts")
-    for name, count in req.meta_hosts:
-        if count < 1:
+    for label_name, count in req.meta_hosts:
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
             raise FleetshardError(
-                f"invalid meta-host count {count} for {name}: it must be at least 1", field="meta_hosts"
+                f"invalid meta-host count {count!r} for {label_name}: it must be at least 1", field="meta_hosts"
             )
-    if not isinstance(req.keyvals, dict) or not all(isinstance(k, str) and k for k in req.keyvals):
-        raise FleetshardError("keyvals must map non-empty names to values", field="keyvals")
+    meta_hosts = merge_meta_hosts(req.meta_hosts)
+    hostnames = _check_names("host", req.hosts) if req.hosts else []
+    # Counted before anything is looked up or built: `board:b*100000` must cost nothing.
+    wanted = sum(count for _, count in meta_hosts) + len(hostnames)
+    if wanted > max_hqes_per_job():
+        raise FleetshardError(
+            f"a job may have at most {max_hqes_per_job()} host queue entries; this one asks for {wanted}",
+            field="meta_hosts" if meta_hosts else "hosts",
+        )
+    keyvals = _check_string_map("keyval", req.keyvals, "keyvals")
     parent = None
     if req.parent_id is not None:
         parent = Job.objects.filter(id=req.parent_id).first()
         if parent is None:
             raise NotFound(f"unknown parent job {req.parent_id}", field="parent")
-    deps = get_labels(req.dependency_labels) if req.dependency_labels else []
-    specs: list[HQESpec] = []
-    if req.hosts:
-        specs = [HQESpec(host=h) for h in get_hosts(_check_names("host", req.hosts))]
+    deps = get_labels(_check_names("label", req.dependency_labels)) if req.dependency_labels else []
+    if hostnames:
+        specs = [HQESpec(host=h) for h in get_hosts(hostnames)]
+        shard = route_job(specs, deps)
     else:
-        metas = dict(zip([n for n, _ in req.meta_hosts], get_labels([n for n, _ in req.meta_hosts]), strict=False))
-        specs = [HQESpec(meta_host=metas[name]) for name, count in req.meta_hosts for _ in range(count)]
-    shard = route_job(list(dict.fromkeys(specs)), deps)
+        labels = get_labels(_check_names("label", [n for n, _ in meta_hosts]))
+        counts = {label: count for label, (_, count) in zip(labels, meta_hosts, strict=True)}
+        shard = route_job([HQESpec(meta_host=label) for label in labels], deps)
+        check_capacity(shard, counts, deps)
+        specs = [HQESpec(meta_host=label) for label, count in counts.items() for _ in range(count)]
     job = Job.objects.create(
-        name=req.name.strip(),
+        name=name,
         owner=req.owner,
         priority=priority,
         command=req.command,
-        timeout_mins=req.timeout_mins,
-        max_runtime_mins=req.max_runtime_mins,
-        keyvals={str(k): str(v) for k, v in req.keyvals.items()},
+        timeout_mins=timeout_mins,
+        max_runtime_mins=max_runtime_mins,
+        keyvals=keyvals,
         parent=parent,
         shard=shard,
     )

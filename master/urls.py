@@ -12,3 +12,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("metrics", MetricsView.as_view(), name="metrics"),
 ]
+
+# Django's own 400s (e.g. a refused Host header) as JSON under /api/.
+handler400 = "master.api_errors.bad_request"

@@ -233,7 +233,10 @@ def make_shard_process(tmp: Path, master: Master, hostname: str, token: str, **e
 
 
 def make_world(master: Master, prefix: str, hosts: int = 2, jobs: int = 1, hqes_per_job: int = 1) -> dict[str, Any]:
-    """A shard owning one label, with hosts and queued jobs, created on the master through its services."""
+    """A shard owning one label, with hosts and queued jobs, created on the master through its services.
+
+    A job never uses a host twice, so the master refuses a job asking for more hosts than the shard has."""
+    assert hqes_per_job <= hosts, f"a job of {hqes_per_job} entries needs as many hosts; this world has {hosts}"
     return master.shell(
         f"""
 from master import services

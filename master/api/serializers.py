@@ -5,6 +5,7 @@ Input serializers only check types and sizes, so that nothing malformed reaches 
 master.services.
 """
 
+import re
 from typing import Any
 
 from drf_spectacular.utils import extend_schema_field
@@ -15,6 +16,7 @@ from common.models import Host, HostQueueEntry, Job, Label, Shard
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
+_ASCII_DIGITS = re.compile(r"[0-9]+")
 
 
 def _storable(value: str) -> str:
@@ -131,6 +133,45 @@ class JobDetailSerializer(JobSerializer):
         pass
 
 
+class HostMoveSerializer(serializers.Serializer):
+    """A host whose shard changed with the request; a job queued on the old shard for it cannot run there."""
+
+    hostname = serializers.CharField(read_only=True)
+    from_shard = serializers.CharField(read_only=True, allow_null=True, help_text="The shard it left, if any.")
+    to_shard = serializers.CharField(read_only=True, allow_null=True, help_text="The shard it joined, if any.")
+
+
+def _moves() -> HostMoveSerializer:
+    return HostMoveSerializer(many=True, read_only=True, help_text="Hosts whose shard changed, by hostname.")
+
+
+class LabelDeletionSerializer(serializers.Serializer):
+    deleted = serializers.ListField(child=serializers.CharField(), read_only=True, help_text="The labels deleted.")
+    hosts_moved = _moves()
+
+
+class LabelHostsSerializer(serializers.Serializer):
+    label = serializers.CharField(read_only=True)
+    hosts = HostSerializer(many=True, read_only=True, help_text="The hosts named, as they are now.")
+    hosts_moved = _moves()
+
+
+class ShardChangeSerializer(ShardSerializer):
+    hosts_moved = _moves()
+
+    class Meta(ShardSerializer.Meta):
+        fields = [*ShardSerializer.Meta.fields, "hosts_moved"]
+        read_only_fields = fields
+
+
+class ShardDeletionSerializer(serializers.Serializer):
+    deleted = serializers.ListField(child=serializers.CharField(), read_only=True, help_text="The shards deleted.")
+    hosts_moved = _moves()
+    jobs_aborted = serializers.ListField(
+        child=serializers.IntegerField(), read_only=True, help_text="Ids of the shards' active jobs, now aborted."
+    )
+
+
 class ErrorSerializer(serializers.Serializer):
     """Every error response: a one-line message, and details such as the offending field."""
 
@@ -141,8 +182,21 @@ class ErrorSerializer(serializers.Serializer):
 # Input
 
 
+# At most this many names or ids in one request: SQLite binds at most 32766 values in one query, and a
+# request of more would fail there with a 500 rather than say what is wrong.
+MAX_ITEMS = 10_000
+
+
 def _names(help_text: str) -> serializers.ListField:
-    return serializers.ListField(child=serializers.CharField(max_length=255), min_length=1, help_text=help_text)
+    return serializers.ListField(
+        child=serializers.CharField(max_length=255), min_length=1, max_length=MAX_ITEMS, help_text=help_text
+    )
+
+
+def _optional_names(**kwargs: Any) -> serializers.ListField:
+    return serializers.ListField(
+        child=serializers.CharField(max_length=255), required=False, default=list, max_length=MAX_ITEMS, **kwargs
+    )
 
 
 class _StringMap(serializers.DictField):
@@ -170,7 +224,7 @@ class HostsOfLabelSerializer(serializers.Serializer):
 
 class HostCreateSerializer(serializers.Serializer):
     hostnames = _names("Hostnames to create, all with the same labels and attributes.")
-    labels = serializers.ListField(child=serializers.CharField(max_length=255), required=False, default=list)
+    labels = _optional_names()
     attributes = _StringMap(required=False, default=dict)
     locked = serializers.BooleanField(required=False, default=False)
     lock_reason = serializers.CharField(max_length=1024, required=False, default="", allow_blank=True)
@@ -186,7 +240,7 @@ class HostLockSerializer(HostnamesSerializer):
 
 class ShardCreateSerializer(serializers.Serializer):
     hostname = serializers.CharField(max_length=255)
-    labels = serializers.ListField(child=serializers.CharField(max_length=255), required=False, default=list)
+    labels = _optional_names()
 
 
 class ShardLabelsSerializer(serializers.Serializer):
@@ -219,8 +273,11 @@ class PriorityField(serializers.Field):
             raise serializers.ValidationError(f"must be between {-INT32_MAX} and {INT32_MAX}")
         if isinstance(data, str):
             _storable(data)
+            # ASCII digits only: '²'.isdigit() is true but int('²') raises. Other text goes to
+            # master.services.parse_priority, which names what is accepted.
             text = data.strip()
-            if text.lstrip("+-").isdigit() and abs(int(text)) > INT32_MAX:
+            digits = text[1:] if text[:1] in "+-" else text
+            if _ASCII_DIGITS.fullmatch(digits) and (len(digits) > 10 or abs(int(digits)) > INT32_MAX):
                 raise serializers.ValidationError(f"must be between {-INT32_MAX} and {INT32_MAX}")
         return data
 
@@ -235,10 +292,11 @@ class JobCreateSerializer(serializers.Serializer):
         child=serializers.CharField(max_length=300),
         required=False,
         default=list,
-        help_text="Meta-host labels, each LABEL or LABEL*N for N hosts with that label.",
+        max_length=MAX_ITEMS,
+        help_text="Meta-host labels, each LABEL or LABEL*N for N different hosts with that label.",
     )
-    hosts = serializers.ListField(child=serializers.CharField(max_length=255), required=False, default=list)
-    dependency_labels = serializers.ListField(child=serializers.CharField(max_length=255), required=False, default=list)
+    hosts = _optional_names()
+    dependency_labels = _optional_names()
     priority = PriorityField(required=False, default=PRIORITY_NAMES["default"])
     timeout_mins = serializers.IntegerField(min_value=1, max_value=INT32_MAX, required=False, default=1440)
     max_runtime_mins = serializers.IntegerField(min_value=1, max_value=INT32_MAX, required=False, default=60)
@@ -247,4 +305,6 @@ class JobCreateSerializer(serializers.Serializer):
 
 
 class JobIdsSerializer(serializers.Serializer):
-    ids = serializers.ListField(child=serializers.IntegerField(min_value=1, max_value=INT64_MAX), min_length=1)
+    ids = serializers.ListField(
+        child=serializers.IntegerField(min_value=1, max_value=INT64_MAX), min_length=1, max_length=MAX_ITEMS
+    )

@@ -8,8 +8,7 @@ from django.db.models import Model, Prefetch, QuerySet
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import PermissionDenied
-from rest_framework.parsers import JSONParser
+from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -21,7 +20,8 @@ from master import services
 from master.api import serializers as s
 from master.api.filters import HostFilter, JobFilter, LabelFilter
 from master.api.pagination import BoundedLimitOffsetPagination
-from master.api.permissions import IsOwnerOrStaffToAbort, IsStaffOrReadOnly, may_abort
+from master.api.parsers import BoundedJSONParser
+from master.api.permissions import AdminPermissionsOrReadOnly, IsOwnerOrStaffToAbort, may_abort
 from master.api.schema import FleetshardAutoSchema
 
 NO_CONTENT = OpenApiResponse(description="Done; nothing to return.")
@@ -47,9 +47,16 @@ def _in_order(objects: QuerySet, key: str, order: Sequence[Any]) -> list[Any]:
 
 class _Base(viewsets.GenericViewSet):
     schema = FleetshardAutoSchema()
-    parser_classes = [JSONParser]
+    parser_classes = [BoundedJSONParser]
     pagination_class = BoundedLimitOffsetPagination
     lookup_value_regex = "[^/]+"
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)
+        # A NUL cannot be stored, so no filter value holds one; PostgreSQL would fail on it with a 500.
+        bad = sorted(key for key, values in request.query_params.lists() if any("\x00" in v for v in values))
+        if bad:
+            raise ValidationError({key: ["Null characters are not allowed."] for key in bad})
 
     def _object(self, obj: Model) -> Model:
         self.check_object_permissions(self.request, obj)
@@ -62,7 +69,15 @@ class LabelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
 
     queryset = Label.objects.select_related("shard")
     serializer_class = s.LabelSerializer
-    permission_classes = [IsStaffOrReadOnly]
+    permission_classes = [AdminPermissionsOrReadOnly]
+    write_permissions = {
+        "create": (("add_label",), "create labels"),
+        "destroy": (("change_label",), "delete labels"),
+        "delete_many": (("change_label",), "delete labels"),
+        # The admin labels hosts with actions of its host page.
+        "add_hosts": (("change_host",), "change the labels of hosts"),
+        "remove_hosts": (("change_host",), "change the labels of hosts"),
+    }
     filterset_class = LabelFilter
     ordering_fields = ["name", "id"]
     lookup_field = "name"
@@ -77,31 +92,40 @@ class LabelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
         labels = services.create_labels(_valid(s.LabelNamesSerializer, request)["names"])
         return Response(s.LabelSerializer(labels, many=True).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(responses={204: NO_CONTENT})
+    @extend_schema(responses={200: s.LabelDeletionSerializer})
     def destroy(self, request: Request, name: str) -> Response:
-        services.delete_labels([_path_name(name, "label")])
-        return Response(status=status.HTTP_204_NO_CONTENT)
+        """Deletes the label; the response names the hosts that left a shard with it."""
+        return self._delete([_path_name(name, "label")])
 
-    @extend_schema(request=s.LabelNamesSerializer, responses={204: NO_CONTENT})
+    @extend_schema(request=s.LabelNamesSerializer, responses={200: s.LabelDeletionSerializer})
     @action(detail=False, methods=["post"], url_path="delete")
     def delete_many(self, request: Request) -> Response:
-        """Deletes all the named labels or, when one cannot be deleted, none."""
-        services.delete_labels(_valid(s.LabelNamesSerializer, request)["names"])
-        return Response(status=status.HTTP_204_NO_CONTENT)
+        """Deletes all the named labels or, when one cannot be deleted, none; names the hosts that left a shard."""
+        return self._delete(_valid(s.LabelNamesSerializer, request)["names"])
 
-    @extend_schema(request=s.HostsOfLabelSerializer, responses={200: s.HostSerializer(many=True)})
+    def _delete(self, names: list[str]) -> Response:
+        moves = services.delete_labels(names)
+        return Response(s.LabelDeletionSerializer({"deleted": list(dict.fromkeys(names)), "hosts_moved": moves}).data)
+
+    @extend_schema(request=s.HostsOfLabelSerializer, responses={200: s.LabelHostsSerializer})
     @action(detail=True, methods=["post"])
     def add_hosts(self, request: Request, name: str) -> Response:
+        """Adds the label to hosts; those without a shard join the label's shard (named in hosts_moved)."""
         hostnames = _valid(s.HostsOfLabelSerializer, request)["hosts"]
-        services.add_label_to_hosts(_path_name(name, "label"), hostnames)
-        return Response(s.HostSerializer(_hosts(hostnames), many=True).data)
+        change = services.add_label_to_hosts(_path_name(name, "label"), hostnames)
+        return self._hosts_change(name, hostnames, change)
 
-    @extend_schema(request=s.HostsOfLabelSerializer, responses={200: s.HostSerializer(many=True)})
+    @extend_schema(request=s.HostsOfLabelSerializer, responses={200: s.LabelHostsSerializer})
     @action(detail=True, methods=["post"])
     def remove_hosts(self, request: Request, name: str) -> Response:
+        """Removes the label from hosts; hosts whose shard came from it leave that shard (named in hosts_moved)."""
         hostnames = _valid(s.HostsOfLabelSerializer, request)["hosts"]
-        services.remove_label_from_hosts(_path_name(name, "label"), hostnames)
-        return Response(s.HostSerializer(_hosts(hostnames), many=True).data)
+        change = services.remove_label_from_hosts(_path_name(name, "label"), hostnames)
+        return self._hosts_change(name, hostnames, change)
+
+    def _hosts_change(self, name: str, hostnames: list[str], change: services.HostsChange) -> Response:
+        data = {"label": name, "hosts": _hosts(hostnames), "hosts_moved": change.moves}
+        return Response(s.LabelHostsSerializer(data).data)
 
 
 def _host_queryset() -> QuerySet:
@@ -117,7 +141,14 @@ class HostViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
     """Lab devices. Their status comes from their shard; everything else is set here."""
 
     serializer_class = s.HostSerializer
-    permission_classes = [IsStaffOrReadOnly]
+    permission_classes = [AdminPermissionsOrReadOnly]
+    write_permissions = {
+        "create": (("add_host",), "create hosts"),
+        "destroy": (("change_host",), "delete hosts"),
+        "delete_many": (("change_host",), "delete hosts"),
+        "lock": (("change_host",), "lock hosts"),
+        "unlock": (("change_host",), "unlock hosts"),
+    }
     filterset_class = HostFilter
     ordering_fields = ["hostname", "id", "status", "locked"]
     lookup_field = "hostname"
@@ -182,7 +213,15 @@ class ShardViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
     """Labs. A shard owns its labels, and through them hosts and jobs."""
 
     serializer_class = s.ShardSerializer
-    permission_classes = [IsStaffOrReadOnly]
+    permission_classes = [AdminPermissionsOrReadOnly]
+    write_permissions = {
+        # The response carries the shard's heartbeat token, and a shard token needs change_shard.
+        "create": (("add_shard", "change_shard"), "create shards"),
+        "destroy": (("change_shard",), "delete shards"),
+        "delete_many": (("change_shard",), "delete shards"),
+        "add_labels": (("change_shard",), "change the labels of shards"),
+        "remove_label": (("change_shard",), "change the labels of shards"),
+    }
     ordering_fields = ["hostname", "id", "last_heartbeat"]
     lookup_field = "hostname"
 
@@ -205,33 +244,48 @@ class ShardViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
         created.token = token
         return Response(s.CreatedShardSerializer(created).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(responses={204: NO_CONTENT})
+    @extend_schema(responses={200: s.ShardDeletionSerializer})
     def destroy(self, request: Request, hostname: str) -> Response:
-        services.delete_shards([_path_name(hostname, "shard")])
-        return Response(status=status.HTTP_204_NO_CONTENT)
+        """Deletes the shard; the response names the hosts that left it and the jobs aborted."""
+        return self._delete([_path_name(hostname, "shard")])
 
-    @extend_schema(request=s.ShardHostnamesSerializer, responses={204: NO_CONTENT})
+    @extend_schema(request=s.ShardHostnamesSerializer, responses={200: s.ShardDeletionSerializer})
     @action(detail=False, methods=["post"], url_path="delete")
     def delete_many(self, request: Request) -> Response:
         """Deletes the shards: their labels and hosts are unassigned, their active jobs aborted."""
-        services.delete_shards(_valid(s.ShardHostnamesSerializer, request)["hostnames"])
-        return Response(status=status.HTTP_204_NO_CONTENT)
+        return self._delete(_valid(s.ShardHostnamesSerializer, request)["hostnames"])
 
-    @extend_schema(request=s.ShardLabelsSerializer, responses={200: s.ShardSerializer})
+    def _delete(self, hostnames: list[str]) -> Response:
+        deletion = services.delete_shards(hostnames)
+        data = {
+            "deleted": list(dict.fromkeys(hostnames)),
+            "hosts_moved": deletion.moves,
+            "jobs_aborted": deletion.aborted_job_ids,
+        }
+        return Response(s.ShardDeletionSerializer(data).data)
+
+    @extend_schema(request=s.ShardLabelsSerializer, responses={200: s.ShardChangeSerializer})
     @action(detail=True, methods=["post"])
     def add_labels(self, request: Request, hostname: str) -> Response:
-        shard = services.add_labels_to_shard(
+        """Gives labels to the shard; hosts with them join it (named in hosts_moved)."""
+        change = services.add_labels_to_shard(
             _path_name(hostname, "shard"), _valid(s.ShardLabelsSerializer, request)["labels"]
         )
-        return Response(s.ShardSerializer(self.get_queryset().get(id=shard.id)).data)
+        return self._shard_change(change)
 
-    @extend_schema(request=s.ShardLabelSerializer, responses={200: s.ShardSerializer})
+    @extend_schema(request=s.ShardLabelSerializer, responses={200: s.ShardChangeSerializer})
     @action(detail=True, methods=["post"])
     def remove_label(self, request: Request, hostname: str) -> Response:
-        shard = services.remove_label_from_shard(
+        """Takes a label from the shard; hosts whose shard came from it leave (named in hosts_moved)."""
+        change = services.remove_label_from_shard(
             _path_name(hostname, "shard"), _valid(s.ShardLabelSerializer, request)["label"]
         )
-        return Response(s.ShardSerializer(self.get_queryset().get(id=shard.id)).data)
+        return self._shard_change(change)
+
+    def _shard_change(self, change: services.ShardChange) -> Response:
+        shard = self.get_queryset().get(id=change.shard.id)
+        shard.hosts_moved = change.moves
+        return Response(s.ShardChangeSerializer(shard).data)
 
 
 @extend_schema_view(
@@ -303,7 +357,10 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
         others = [j for j in Job.objects.filter(id__in=ids).only("id", "owner") if not may_abort(request.user, j)]
         if others:
             listed = ", ".join(f"{j.id} (owner {j.owner})" for j in sorted(others, key=lambda j: j.id))
-            raise PermissionDenied(f"only a job's owner or staff may abort it: not yours: job {listed}")
+            raise PermissionDenied(
+                f"only a job's owner or staff with the common.change_job permission may abort it: "
+                f"not yours: job {listed}"
+            )
         jobs = services.abort_jobs(ids)
         return Response(
             s.JobSerializer(

@@ -50,7 +50,7 @@ def test_non_staff_writes_are_refused(cli, server, fleet):
     before = snapshot()
     fails(
         cli("label", "create", "new", token=server.user_token),
-        "Error: permission denied: only staff may change labels, hosts and shards",
+        "Error: permission denied: only staff with the common.add_label permission may create labels",
     )
     assert snapshot() == before
     ok(cli("host", "list", token=server.user_token))

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from common.models import Host, Label
+from common.models import Host, Job, Label
+from master import services
 from tests.cli.conftest import fails, ok
 from tests.fleet_state import snapshot
 
@@ -57,9 +58,38 @@ def test_label_create_without_names_is_bad_usage(cli, fleet):
 
 
 def test_label_delete(cli, fleet):
-    assert ok(cli("label", "delete", "pool:x", "wifi")).stdout == "Deleted labels: pool:x, wifi\n"
+    assert ok(cli("label", "delete", "pool:x", "wifi")).stdout == "Deleted labels pool:x, wifi\n"
     assert not Label.objects.filter(name__in=["pool:x", "wifi"]).exists()
-    assert json.loads(ok(cli("label", "delete", "board:c", "--json")).stdout) == {"deleted": ["board:c"]}
+    out = json.loads(ok(cli("label", "delete", "board:c", "--json")).stdout)
+    assert out == {"deleted": ["board:c"], "hosts_moved": []}
+
+
+def test_label_delete_says_which_hosts_left_which_shard(cli, fleet):
+    services.create_labels(["board:x"])
+    services.add_labels_to_shard("lab1", ["board:x"])
+    services.create_hosts(["dut3"], labels=["board:x"])
+    job = fleet.job(meta_hosts=[], hosts=["dut3"])  # queued for dut3 on lab1: it stays there
+    assert ok(cli("label", "delete", "board:x")).stdout == "Deleted label board:x; host dut3 left shard lab1\n"
+    assert Host.objects.get(hostname="dut3").shard is None
+    assert Job.objects.get(id=job.id).shard == fleet.lab1
+    services.create_labels(["board:y"])
+    services.add_labels_to_shard("lab2", ["board:y"])
+    services.create_hosts(["dut4", "dut5"], labels=["board:y"])
+    out = json.loads(ok(cli("label", "delete", "board:y", "pool:x", "--json")).stdout)
+    assert out == {
+        "deleted": ["board:y", "pool:x"],
+        "hosts_moved": [
+            {"hostname": "dut4", "from_shard": "lab2", "to_shard": None},
+            {"hostname": "dut5", "from_shard": "lab2", "to_shard": None},
+        ],
+    }
+
+
+def test_label_remove_says_which_hosts_left_which_shard(cli, fleet):
+    out = ok(cli("label", "remove", "board:a", "-m", "a3")).stdout
+    assert out == "Removed label board:a from hosts: a3; host a3 left shard lab1\n"
+    out = json.loads(ok(cli("label", "add", "board:a", "-m", "a3", "--json")).stdout)
+    assert out["hosts_moved"] == [{"hostname": "a3", "from_shard": None, "to_shard": "lab1"}]
 
 
 def test_label_delete_unknown_changes_nothing(cli, fleet):

@@ -70,11 +70,15 @@ def test_shard_list(cli, fleet):
 
 def test_shard_add_boards_and_remove_board(cli, fleet):
     assert ok(cli("shard", "add_boards", "-l", "board:c", "lab2")).stdout == (
-        "Added labels board:c to shard lab2 (labels: board:b, board:c; hosts: b1, c1)\n"
+        "Added labels board:c to shard lab2 (labels: board:b, board:c; hosts: b1, c1); host c1 joined shard lab2\n"
     )
     assert Host.objects.get(hostname="c1").shard == fleet.lab2
     obj = json.loads(ok(cli("shard", "remove_board", "-l", "board:b", "lab2", "--json")).stdout)
     assert obj["labels"] == ["board:c"] and obj["hosts"] == ["c1"]
+    assert obj["hosts_moved"] == [{"hostname": "b1", "from_shard": "lab2", "to_shard": None}]
+    assert ok(cli("shard", "remove_board", "-l", "board:c", "lab2")).stdout == (
+        "Removed label board:c from shard lab2 (labels: none; hosts: none); host c1 left shard lab2\n"
+    )
     assert Host.objects.get(hostname="b1").shard is None
     assert Label.objects.get(name="board:b").shard is None
 
@@ -101,7 +105,9 @@ def test_shard_add_boards_needs_labels(cli, fleet):
 
 def test_shard_delete_with_no_confirmation(cli, fleet):
     job = fleet.job(meta_hosts=[("board:b", 1)])
-    assert ok(cli("shard", "delete", "--no-confirmation", "lab2")).stdout == "Deleted shards: lab2\n"
+    assert ok(cli("shard", "delete", "--no-confirmation", "lab2")).stdout == (
+        f"Deleted shards: lab2; host b1 left shard lab2; aborted job {job.id}\n"
+    )
     assert list(Shard.objects.values_list("hostname", flat=True)) == ["lab1"]
     assert Host.objects.get(hostname="b1").shard is None
     assert Job.objects.get(id=job.id).status == "Aborted"

@@ -130,10 +130,10 @@ def test_adding_a_label_owned_by_another_shard_shows_the_service_error_and_chang
 
 def test_shard_label_actions(fleet, staff):
     resp = run_action(staff, "shard", "add_labels", [fleet.lab2.id], labels="board:c")
-    assert "shard lab2 now owns label board:c" in messages_of(resp)
+    assert messages_of(resp) == ["shard lab2 now owns label board:c; host c1 joined shard lab2"]
     assert host("c1").shard == fleet.lab2
     resp = run_action(staff, "shard", "remove_label", [fleet.lab2.id], label="board:c")
-    assert "removed label board:c from shard lab2" in messages_of(resp)
+    assert messages_of(resp) == ["removed label board:c from shard lab2; host c1 left shard lab2"]
     assert host("c1").shard is None
 
 
@@ -176,7 +176,7 @@ def test_delete_actions_go_through_the_services(fleet, staff):
     resp = run_action(staff, "label", "delete_labels", [Label.objects.get(name="board:a").id])
     assert messages_of(resp) == [f"label board:a is used by active jobs {by_label.id}"]
     resp = run_action(staff, "shard", "delete_shards", [fleet.lab2.id])
-    assert "deleted shard lab2" in messages_of(resp)
+    assert messages_of(resp) == ["deleted shard lab2; host b1 left shard lab2"]
     assert not Shard.objects.filter(hostname="lab2").exists() and host("b1").shard is None
 
 
@@ -301,3 +301,26 @@ def test_view_only_staff_sees_no_actions_and_cannot_run_them(fleet):
     assert not host("a1").locked
     assert client.get(url("host", "add")).status_code == 403
     assert client.get("/admin/fleet/").status_code == 200
+
+
+def test_adding_a_shard_shows_its_token_so_it_needs_change_shard_too(fleet):
+    from django.contrib.auth.models import Permission
+
+    adder = User.objects.create_user("adder", password="pw", is_staff=True)
+    adder.user_permissions.set(Permission.objects.filter(codename__in=["add_shard", "view_shard"]))
+    client = Client()
+    client.force_login(adder)
+    assert client.get(url("shard", "add")).status_code == 403
+    assert client.post(url("shard", "add"), {"hostname": "lab9"}).status_code == 403
+    assert not Shard.objects.filter(hostname="lab9").exists()
+    adder.user_permissions.add(Permission.objects.get(codename="change_shard"))
+    client.force_login(User.objects.get(username="adder"))
+    assert "fs-token" in client.post(url("shard", "add"), {"hostname": "lab9"}).content.decode()
+
+
+def test_label_delete_action_says_which_hosts_left_which_shard(fleet, staff):
+    services.create_labels(["board:x"])
+    services.add_labels_to_shard("lab1", ["board:x"])
+    services.create_hosts(["dut3"], labels=["board:x"])
+    resp = run_action(staff, "label", "delete_labels", [Label.objects.get(name="board:x").id])
+    assert messages_of(resp) == ["deleted label board:x; host dut3 left shard lab1"]

@@ -79,6 +79,7 @@ def test_shard_and_label_changelists_and_overview_do_not_grow(db, staff):
 
 
 def test_job_page_with_many_hqes_is_fixed(fleet, staff):
+    services.create_hosts([f"a-extra{i}" for i in range(60)], labels=["board:a"])  # one host per HQE
     small = fleet.job("small", meta_hosts=[("board:a", 2)])
     large = fleet.job("large", meta_hosts=[("board:a", 60)])
     staff.get(f"/admin/common/job/{small.id}/change/")

@@ -25,6 +25,7 @@ def test_adding_a_shard_label_to_a_host_assigns_it_and_raises_its_version(fleet)
 
 
 def test_job_is_routed_by_meta_host_label(fleet):
+    services.create_hosts(["b2"], labels=["board:b"])
     job = fleet.job(meta_hosts=[("board:b", 2)])
     assert job.shard == fleet.lab2
     assert [h.meta_host.name for h in job.hqes.all()] == ["board:b", "board:b"]
@@ -111,7 +112,7 @@ def test_abort_raises_the_job_version_once(fleet):
     "kwargs, message",
     [
         ({"priority": "urgent"}, "invalid priority 'urgent'"),
-        ({"timeout_mins": 0}, "timeout_mins must be a positive integer"),
+        ({"timeout_mins": 0}, "timeout_mins must be an integer from 1 to 2147483647, not 0"),
         ({"meta_hosts": [("nope", 1)]}, "unknown label nope"),
         ({"meta_hosts": [], "hosts": ["ghost"]}, "unknown host ghost"),
         ({"meta_hosts": [("board:a", 0)]}, "must be at least 1"),

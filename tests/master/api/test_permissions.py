@@ -48,39 +48,95 @@ def test_any_user_reads_everything(fleet, user):
         assert user.get(url).status_code == 200, url
 
 
-@pytest.mark.parametrize(
-    "url, body",
-    [
-        ("/api/v1/labels/", {"names": ["new"]}),
-        ("/api/v1/labels/delete/", {"names": ["wifi"]}),
-        ("/api/v1/labels/wifi/add_hosts/", {"hosts": ["a3"]}),
-        ("/api/v1/labels/wifi/remove_hosts/", {"hosts": ["a1"]}),
-        ("/api/v1/hosts/", {"hostnames": ["new"]}),
-        ("/api/v1/hosts/lock/", {"hostnames": ["a1"], "reason": "mine"}),
-        ("/api/v1/hosts/unlock/", {"hostnames": ["a1"]}),
-        ("/api/v1/hosts/delete/", {"hostnames": ["a1"]}),
-        ("/api/v1/shards/", {"hostname": "lab3"}),
-        ("/api/v1/shards/lab1/add_labels/", {"labels": ["board:c"]}),
-        ("/api/v1/shards/lab1/remove_label/", {"label": "board:a"}),
-        ("/api/v1/shards/delete/", {"hostnames": ["lab1"]}),
-    ],
-)
-def test_only_staff_manage_labels_hosts_and_shards(fleet, user, staff, url, body):
+# Each write, the permissions the admin asks for to do the same (master/admin.py), and what it does.
+WRITES = [
+    ("/api/v1/labels/", {"names": ["new"]}, ["add_label"], "create labels"),
+    ("/api/v1/labels/delete/", {"names": ["wifi"]}, ["change_label"], "delete labels"),
+    ("/api/v1/labels/wifi/add_hosts/", {"hosts": ["a3"]}, ["change_host"], "change the labels of hosts"),
+    ("/api/v1/labels/wifi/remove_hosts/", {"hosts": ["a1"]}, ["change_host"], "change the labels of hosts"),
+    ("/api/v1/hosts/", {"hostnames": ["new"]}, ["add_host"], "create hosts"),
+    ("/api/v1/hosts/lock/", {"hostnames": ["a1"], "reason": "mine"}, ["change_host"], "lock hosts"),
+    ("/api/v1/hosts/unlock/", {"hostnames": ["a1"]}, ["change_host"], "unlock hosts"),
+    ("/api/v1/hosts/delete/", {"hostnames": ["a1"]}, ["change_host"], "delete hosts"),
+    ("/api/v1/shards/", {"hostname": "lab3"}, ["add_shard", "change_shard"], "create shards"),
+    ("/api/v1/shards/lab1/add_labels/", {"labels": ["board:c"]}, ["change_shard"], "change the labels of shards"),
+    ("/api/v1/shards/lab1/remove_label/", {"label": "board:a"}, ["change_shard"], "change the labels of shards"),
+    ("/api/v1/shards/delete/", {"hostnames": ["lab1"]}, ["change_shard"], "delete shards"),
+]
+
+
+def staff_with(django_user_model, username: str, codenames: list[str]):
+    """A staff account (not superuser) holding exactly these permissions, and its API client."""
+    from django.contrib.auth.models import Permission
+
+    django_user_model.objects.create_user(username, is_staff=True)
+    django_user_model.objects.get(username=username).user_permissions.set(
+        Permission.objects.filter(content_type__app_label="common", codename__in=codenames)
+    )
+    return client_for(services.create_personal_token(username)[1])
+
+
+def needs(perms: list[str]) -> str:
+    return " and ".join(f"common.{p}" for p in perms) + (" permissions" if len(perms) > 1 else " permission")
+
+
+@pytest.mark.parametrize("url, body, perms, what", WRITES)
+def test_writes_need_the_admins_permissions(fleet, user, django_user_model, url, body, perms, what):
     before = snapshot()
-    resp = user.post(url, body, format="json")
-    assert resp.status_code == 403
-    assert resp.json()["error"] == "only staff may change labels, hosts and shards"
-    assert snapshot() == before
-    assert staff.post(url, body, format="json").status_code in (200, 201, 204)
+    message = f"only staff with the {needs(perms)} may {what}"
+    # A plain user, and staff without permissions: the admin refuses them both, and so does the API.
+    for client in (user, staff_with(django_user_model, "idle-staff", [])):
+        resp = client.post(url, body, format="json")
+        assert resp.status_code == 403, resp.content
+        assert resp.json()["error"] == message
+        assert snapshot() == before
+    # Staff holding every permission but one of those needed are refused too.
+    for missing in perms:
+        partial = staff_with(django_user_model, f"without-{missing}", [p for p in perms if p != missing])
+        assert partial.post(url, body, format="json").status_code == 403
+        assert snapshot() == before
+    # Exactly the admin's permissions are enough.
+    able = staff_with(django_user_model, "able-staff", perms)
+    assert able.post(url, body, format="json").status_code in (200, 201, 204), url
     assert snapshot() != before
 
 
-@pytest.mark.parametrize("url", ["/api/v1/labels/wifi/", "/api/v1/hosts/a1/", "/api/v1/shards/lab2/"])
-def test_only_staff_delete_one_object(fleet, user, staff, url):
+def test_permissions_without_staff_status_are_not_enough(fleet, django_user_model):
+    from django.contrib.auth.models import Permission
+
+    user = django_user_model.objects.create_user("not-staff")
+    user.user_permissions.set(Permission.objects.filter(codename="change_host"))
+    client = client_for(services.create_personal_token("not-staff")[1])
+    before = snapshot()
+    assert client.post("/api/v1/hosts/lock/", {"hostnames": ["a1"]}, format="json").status_code == 403
+    assert snapshot() == before
+
+
+def test_staff_without_permissions_get_no_shard_token(fleet, django_user_model):
+    from common.models import Token
+
+    idle = staff_with(django_user_model, "idle-staff", [])
+    adder = staff_with(django_user_model, "adder", ["add_shard"])
+    for client in (idle, adder):
+        resp = client.post("/api/v1/shards/", {"hostname": "lab9", "labels": ["board:c"]}, format="json")
+        assert resp.status_code == 403 and "token" not in resp.json()
+    assert not Token.objects.filter(shard__hostname="lab9").exists()
+
+
+@pytest.mark.parametrize(
+    "url, perm",
+    [
+        ("/api/v1/labels/wifi/", "change_label"),
+        ("/api/v1/hosts/a1/", "change_host"),
+        ("/api/v1/shards/lab2/", "change_shard"),
+    ],
+)
+def test_deleting_one_object_needs_the_admins_permission(fleet, user, staff, django_user_model, url, perm):
     before = snapshot()
     assert user.delete(url).status_code == 403
+    assert staff_with(django_user_model, "idle-staff", []).delete(url).status_code == 403
     assert snapshot() == before
-    assert staff.delete(url).status_code == 204
+    assert staff_with(django_user_model, "able-staff", [perm]).delete(url).status_code in (200, 204)
     assert staff.get(url).status_code == 404
 
 
@@ -103,7 +159,7 @@ def test_non_owner_non_staff_cannot_abort(fleet, other_user):
     version = job.version
     resp = other_user.post(f"/api/v1/jobs/{job.id}/abort/")
     assert resp.status_code == 403
-    assert resp.json()["error"] == "only the job's owner or staff may abort it"
+    assert resp.json()["error"] == "only the job's owner or staff with the common.change_job permission may abort it"
     resp = other_user.post("/api/v1/jobs/abort/", {"ids": [job.id]}, format="json")
     assert resp.status_code == 403
     assert f"not yours: job {job.id} (owner ana)" in resp.json()["error"]
@@ -136,3 +192,16 @@ def test_session_login_works_for_the_browsable_api(fleet, client, django_user_mo
     assert resp.status_code == 200
     assert b"a1" in resp.content
     assert client.get("/api/v1/hosts/a1/", HTTP_ACCEPT="application/json").json()["hostname"] == "a1"
+
+
+def test_staff_need_change_job_to_abort_others_jobs(fleet, django_user_model):
+    job = fleet.job()  # owned by ana
+    idle = staff_with(django_user_model, "idle-staff", [])
+    assert idle.post(f"/api/v1/jobs/{job.id}/abort/").status_code == 403
+    assert idle.post("/api/v1/jobs/abort/", {"ids": [job.id]}, format="json").status_code == 403
+    job.refresh_from_db()
+    assert not job.aborted
+    able = staff_with(django_user_model, "able-staff", ["change_job"])
+    assert able.post("/api/v1/jobs/abort/", {"ids": [job.id]}, format="json").status_code == 200
+    job.refresh_from_db()
+    assert job.aborted

@@ -155,6 +155,7 @@ def test_pagination(fleet, staff):
 
 
 def count_queries(staff, url: str) -> int:
+    staff.get("/api/v1/labels/?limit=1")  # the token's first use is recorded (Token.last_used) once a minute
     with CaptureQueriesContext(connection) as ctx:
         assert staff.get(url).status_code == 200
     return len(ctx.captured_queries)
@@ -319,7 +320,8 @@ def test_job_create_returns_the_routed_job(fleet, staff):
 
 
 def test_delete_one_label_and_host(fleet, staff):
-    assert staff.delete("/api/v1/labels/pool:x/").status_code == 204
+    resp = staff.delete("/api/v1/labels/pool:x/")
+    assert resp.status_code == 200 and resp.json() == {"deleted": ["pool:x"], "hosts_moved": []}
     assert staff.delete("/api/v1/hosts/c1/").status_code == 204
     assert not Label.objects.filter(name="pool:x").exists()
     assert staff.get("/api/v1/hosts/c1/").status_code == 404
@@ -329,3 +331,29 @@ def test_a_shard_with_the_longest_hostname_gets_its_token(fleet, staff):
     resp = staff.post("/api/v1/shards/", {"hostname": "s" * 255}, format="json")
     assert resp.status_code == 201, resp.content
     assert resp.json()["token"]
+
+
+# Changes that move hosts between shards say which (finding F).
+
+
+def test_moves_are_reported_by_every_change_that_moves_hosts(fleet, staff):
+    moved = lambda resp: [(m["hostname"], m["from_shard"], m["to_shard"]) for m in resp.json()["hosts_moved"]]  # noqa: E731
+    resp = staff.post("/api/v1/labels/board:a/remove_hosts/", {"hosts": ["a3"]}, format="json")
+    assert resp.status_code == 200 and moved(resp) == [("a3", "lab1", None)]
+    assert [h["hostname"] for h in resp.json()["hosts"]] == ["a3"] and resp.json()["label"] == "board:a"
+    resp = staff.post("/api/v1/labels/board:a/add_hosts/", {"hosts": ["a3"]}, format="json")
+    assert moved(resp) == [("a3", None, "lab1")]
+    resp = staff.post("/api/v1/shards/lab1/remove_label/", {"label": "board:a"}, format="json")
+    assert moved(resp) == [("a1", "lab1", None), ("a2", "lab1", None), ("a3", "lab1", None)]
+    assert resp.json()["hostname"] == "lab1" and resp.json()["hosts"] == []
+    resp = staff.post("/api/v1/shards/lab1/add_labels/", {"labels": ["board:a"]}, format="json")
+    assert moved(resp) == [("a1", None, "lab1"), ("a2", None, "lab1"), ("a3", None, "lab1")]
+    job = fleet.job(meta_hosts=[("board:b", 1)])
+    resp = staff.post("/api/v1/shards/delete/", {"hostnames": ["lab2"]}, format="json")
+    assert resp.json() == {
+        "deleted": ["lab2"],
+        "hosts_moved": [{"hostname": "b1", "from_shard": "lab2", "to_shard": None}],
+        "jobs_aborted": [job.id],
+    }
+    resp = staff.post("/api/v1/labels/delete/", {"names": ["wifi", "board:a"]}, format="json")
+    assert resp.status_code == 200 and moved(resp) == [("a1", "lab1", None), ("a2", "lab1", None), ("a3", "lab1", None)]
