@@ -67,7 +67,7 @@ class ProtocolMismatch(WireError):
 def loads(raw: bytes | str) -> Any:
     """Parses a body, refusing one nested deeper than MAX_DEPTH (a 400, never a RecursionError)."""
     try:
-        value = json.loads(raw)
+        value = json.loads(raw, parse_constant=_refuse_constant)
     except RecursionError:
         raise WireError("body", f"JSON nested deeper than {MAX_DEPTH} levels") from None
     except (ValueError, UnicodeDecodeError) as exc:
@@ -75,6 +75,10 @@ def loads(raw: bytes | str) -> Any:
     if depth_exceeds(value, MAX_DEPTH):
         raise WireError("body", f"JSON nested deeper than {MAX_DEPTH} levels")
     return value
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
 
 
 def depth_exceeds(value: Any, limit: int) -> bool:

@@ -7,7 +7,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from common.tokens import find_token
+from common.tokens import find_token, touch
 from common.wire import HeartbeatRequest, ProtocolMismatch, WireError, error_body, loads
 from master.heartbeat import InstanceConflict, process_heartbeat
 
@@ -46,6 +46,7 @@ def heartbeat(request: HttpRequest) -> JsonResponse:
         log.warning("heartbeat for shard %r with the token of shard %s refused", req.shard, token.shard.hostname)
         return _error(403, f"this token belongs to another shard than {req.shard}", "shard")
 
+    touch(token)
     try:
         response = process_heartbeat(token.shard_id, req)
     except InstanceConflict as exc:

@@ -139,3 +139,9 @@ def test_format_and_parse_agree():
     when = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
     update = Update(seq=1, hqe=2, status="Running", started_on=when)
     assert update.to_wire()["started_on"] == "2026-11-22T10:00:00Z"
+
+
+@pytest.mark.parametrize("raw", ['{"a": NaN}', "[Infinity]", "-Infinity"])
+def test_nan_and_infinity_are_not_json(raw):
+    with pytest.raises(WireError, match="not JSON"):
+        loads(raw)
