@@ -3,6 +3,7 @@
 import logging
 
 from django.core.exceptions import RequestDataTooBig
+from django.db import Error as DatabaseFailure
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
@@ -18,6 +19,12 @@ def _error(status: int, message: str, field: str | None = None, **detail: object
     return JsonResponse(error_body(message, field, **detail), status=status)
 
 
+def _unavailable(exc: Exception) -> JsonResponse:
+    """A lost connection or a restarting database: the transaction rolled back and the shard retries."""
+    log.warning("heartbeat: database unavailable: %s", exc)
+    return _error(503, "the master's database is unavailable; retry", None)
+
+
 @csrf_exempt
 @require_POST
 def heartbeat(request: HttpRequest) -> JsonResponse:
@@ -29,7 +36,10 @@ def heartbeat(request: HttpRequest) -> JsonResponse:
     scheme, _, raw_token = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not raw_token.strip():
         return _error(401, "missing shard token: send 'Authorization: Bearer <shard token>'", "Authorization")
-    token = find_token(raw_token.strip())
+    try:
+        token = find_token(raw_token.strip())
+    except DatabaseFailure as exc:
+        return _unavailable(exc)
     if token is None:
         return _error(401, "unknown or revoked shard token", "Authorization")
 
@@ -46,9 +56,11 @@ def heartbeat(request: HttpRequest) -> JsonResponse:
         log.warning("heartbeat for shard %r with the token of shard %s refused", req.shard, token.shard.hostname)
         return _error(403, f"this token belongs to another shard than {req.shard}", "shard")
 
-    touch(token)
     try:
+        touch(token)
         response = process_heartbeat(token.shard_id, req)
     except InstanceConflict as exc:
         return _error(409, exc.message, "instance", heard_s_ago=round(exc.heard_s_ago, 1))
+    except DatabaseFailure as exc:
+        return _unavailable(exc)
     return JsonResponse(response.to_wire())

@@ -234,3 +234,20 @@ def test_a_shards_first_instance_is_taken_without_failing_anything(fleet, heartb
     hqe.refresh_from_db()
     assert hqe.status == "Running"
     assert Shard.objects.get(id=fleet.lab1.id).instance == OTHER
+
+
+def test_a_database_failure_mid_heartbeat_is_a_503_that_applied_nothing(fleet, heartbeat, monkeypatch):
+    from django.db import OperationalError
+
+    from master import views
+
+    hqe = fleet.job().hqes.get()
+
+    def lost(*args, **kwargs):
+        raise OperationalError("terminating connection due to administrator command")
+
+    monkeypatch.setattr(views, "process_heartbeat", lost)
+    before = _snapshot()
+    resp = heartbeat.post_raw(json.dumps(heartbeat.body(fleet.lab1, updates=[update(1, hqe, "Running")])), fleet.token1)
+    assert resp.status_code == 503 and "retry" in resp.json()["error"]
+    assert _snapshot() == before
