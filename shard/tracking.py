@@ -258,6 +258,8 @@ class Tracker:
             return ProcessGroup()
         # A leftover of a reused name must not be mistaken for this run.
         kill_cgroup(path, self.kind)
+        if self.kind == PIDS:
+            _write(path / "pids.max", "max")
         return Cgroup(path, self.kind)
 
     def kill_runner(self, runner: str) -> int:
