@@ -89,7 +89,7 @@ def recover_abandoned(runner_id: str, executor: Executor) -> list[int]:
             f"HQE {hqe.id}: closing",
             close_abandoned_hqe,
             hqe,
-            f"the shard process running this job ({hqe.runner or 'none'}) is gone (crash or restart)",
+            f"abandoned: the shard process running this job ({hqe.runner or 'none'}) is gone (crash or restart)",
         )
 
     taken = []

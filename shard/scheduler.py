@@ -352,9 +352,16 @@ class Scheduler:
     def _poll_runs(self) -> None:
         if not self.runs:
             return
-        aborted = set(
-            Job.objects.filter(id__in={r.job_id for r in self.runs.values()}, aborted=True).values_list("id", flat=True)
-        )
+        try:
+            aborted = set(
+                Job.objects.filter(id__in={r.job_id for r in self.runs.values()}, aborted=True).values_list(
+                    "id", flat=True
+                )
+            )
+        except DatabaseError as exc:
+            # Timeouts, a shutdown's signals and the runs' ends must not wait for the database.
+            log.warning("cannot read which jobs were aborted (%s): watching the runs regardless", exc)
+            aborted = set()
         now = time.monotonic()
         for run in list(self.runs.values()):
             try:

@@ -32,16 +32,6 @@ def shard_hqe(shard, job_id: int) -> tuple:
     return rows[0] if rows else ("", "", "", None)
 
 
-@pytest.fixture
-def started():
-    """Stops every shard process a test started; their logs show when the test fails."""
-    procs: list[tuple[subprocess.Popen, Path]] = []
-    yield procs
-    for proc, log in procs:
-        stop(proc)
-        print(f"==== {log} ====\n{log.read_text(errors='replace')[-20000:]}")
-
-
 def start(shard, started, name: str = "run") -> subprocess.Popen:
     proc = shard.process.role.start("run_shard", log_name=f"{name}.log")
     started.append((proc, shard.process.role.data_dir / f"{name}.log"))
