@@ -143,6 +143,8 @@ class Command(BaseCommand):
         if self._wait_for_acceptance(client, draining, wake, config.tick_s):
             self._loop(scheduler, config, draining, at_once, wake)
         scheduler.hosts.stop_all()
+        # Nothing of ours may outlive us, and our empty cgroups go too.
+        executor.kill_runner(scheduler.runner_id)
         heartbeat_stop.set()
         thread.join(timeout=2 if at_once.is_set() else settings.FLEETSHARD_REQUEST_TIMEOUT_S + 10)
         if not at_once.is_set() and not thread.is_alive():
