@@ -8,6 +8,7 @@ import os
 import subprocess
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from common.models import Host, HostQueueEntry, OutboxEntry
 from shard.executor import LocalExecutor
 from shard.isolation import make_traversable, resolve_job_user
 from shard.locks import shard_write
-from shard.scheduler import Scheduler, remove_old_results
+from shard.scheduler import Scheduler, SchedulerConfig, remove_old_results
 from shard.services import record_run, transition_hqe
 from shard.tracking import CGROUP_V2, FREEZER, PIDS, detect, slug
 from tests.shard.world import ShardWorld
@@ -306,3 +307,21 @@ def test_a_meta_host_job_never_uses_one_host_twice_even_across_a_restart(world):
     hosts = [h.host_id for h in world.hqes(job)]
     assert all(h.status == "Completed" for h in world.hqes(job))
     assert len(set(hosts)) == 3 and first in hosts
+
+
+def test_the_limits_and_the_job_environment_come_from_settings(settings, tmp_path, db, request):
+    settings.FLEETSHARD_MAX_LOG_BYTES = 500
+    settings.FLEETSHARD_RESULTS_RETENTION_DAYS = 0.5
+    settings.FLEETSHARD_JOB_ENV_PASSTHROUGH = "TOOLCHAIN, EXTRA ,FLEETSHARD_SHARD_TOKEN,DATABASE_URL"
+    settings.FLEETSHARD_JOB_USER = "root"
+    settings.FLEETSHARD_RESULTS_DIR = tmp_path / "results"
+    config = SchedulerConfig.from_settings()
+    assert (config.max_log_bytes, config.retention_days) == (500, 0.5)
+    assert config.env_passthrough == ("TOOLCHAIN", "EXTRA")
+    assert config.job_user is None
+    world = make_world(tmp_path, request)
+    world.scheduler = Scheduler(replace(config, tick_s=0.05))
+    world.host("h1", ("board:a",))
+    job = world.job("yes | head -c 5000", meta_host="board:a")
+    world.run_until(lambda: world.finished(job), what="the job")
+    assert "log cut at 500 bytes" in world.hqe(job).log_tail
