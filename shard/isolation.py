@@ -7,6 +7,8 @@ which can neither read the shard's `/proc/PID/environ` nor open its data dir, da
 file. As the shard's own user a job could read all of those: the start log says which applies.
 """
 
+import ctypes
+import ctypes.util
 import logging
 import os
 import pwd
@@ -47,6 +49,23 @@ def resolve_job_user(name: str) -> JobUser | None:
     if entry.pw_uid == 0:
         return None
     return JobUser(name, entry.pw_uid, entry.pw_gid)
+
+
+PR_SET_DUMPABLE = 4
+
+
+def hide_environ() -> bool:
+    """Makes this process undumpable, so processes of its own user cannot read its /proc/PID/environ.
+
+    For a shard that runs jobs as its own user: its environment (the token, DATABASE_URL) would
+    otherwise be one `cat /proc/$PPID/environ` away. Its children are dumpable again after exec.
+    Returns False where the call is not available.
+    """
+    libc_name = ctypes.util.find_library("c")
+    if libc_name is None:
+        return False
+    libc = ctypes.CDLL(libc_name, use_errno=True)
+    return libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
 
 
 def describe_job_user(user: JobUser | None) -> str:

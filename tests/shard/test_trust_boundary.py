@@ -325,3 +325,28 @@ def test_the_limits_and_the_job_environment_come_from_settings(settings, tmp_pat
     job = world.job("yes | head -c 5000", meta_host="board:a")
     world.run_until(lambda: world.finished(job), what="the job")
     assert "log cut at 500 bytes" in world.hqe(job).log_tail
+
+
+HIDING_PARENT = """
+import subprocess, sys
+from shard.isolation import hide_environ
+if sys.argv[1] == "hide":
+    assert hide_environ()
+child = subprocess.run(["/bin/sh", "-c", "cat /proc/$PPID/environ"], capture_output=True)
+print("SECRET_SEEN" if b"PARENT_SECRET=p-51" in child.stdout else "nothing")
+"""
+
+
+@as_root
+@pytest.mark.parametrize(("mode", "expected"), [("hide", "nothing"), ("show", "SECRET_SEEN")])
+def test_a_shard_of_the_jobs_own_user_hides_its_environment_from_them(mode, expected):
+    """As a shard running jobs as its own user does: both sides are `nobody` here."""
+    env = {"PATH": "/usr/bin:/bin", "PARENT_SECRET": "p-51", "PYTHONPATH": str(Path(__file__).parents[2])}
+    # The system's Python: this one may live where `nobody` cannot go (under /root).
+    python = next((p for p in ("/usr/bin/python3", "/usr/local/bin/python3") if os.access(p, os.X_OK)), None)
+    if python is None:
+        pytest.skip("no system python3 for user nobody")
+    parent = subprocess.run(
+        [python, "-c", HIDING_PARENT, mode], env=env, user="nobody", capture_output=True, text=True, cwd="/"
+    )
+    assert parent.stdout.strip() == expected, parent.stderr

@@ -25,6 +25,7 @@ from shard.isolation import (
     IsolationError,
     JobUser,
     describe_job_user,
+    hide_environ,
     make_traversable,
     protect_data,
     read_token_file,
@@ -93,6 +94,8 @@ class Command(BaseCommand):
             tracking = executor.describe()
         except (OSError, ValueError) as exc:
             raise CommandError(f"cannot prepare the shard's files: {exc}") from exc
+        if config.job_user is None and not hide_environ():
+            log.warning("cannot hide this process's environment from jobs of its own user (prctl unavailable)")
         scheduler = Scheduler(config, executor)
         draining = threading.Event()
         at_once = threading.Event()
