@@ -76,7 +76,7 @@ def recover_abandoned(runner_id: str, executor: Executor) -> list[int]:
         if runner not in alive:
             alive[runner] = runner_alive(runner)
             if not alive[runner] and runner:
-                _isolated(f"killing what {runner} left", executor.kill_runner, runner)
+                isolated(f"killing what {runner} left", executor.kill_runner, runner)
         return alive[runner]
 
     active = HostQueueEntry.objects.filter(status__in=(HQEStatus.STARTING, HQEStatus.RUNNING)).exclude(runner=runner_id)
@@ -84,8 +84,8 @@ def recover_abandoned(runner_id: str, executor: Executor) -> list[int]:
         if is_alive(hqe.runner):
             continue
         if hqe.pid:
-            _isolated(f"HQE {hqe.id}: killing its processes", executor.kill_orphan, hqe.pid, hqe.id)
-        _isolated(
+            isolated(f"HQE {hqe.id}: killing its processes", executor.kill_orphan, hqe.pid, hqe.id)
+        isolated(
             f"HQE {hqe.id}: closing",
             close_abandoned_hqe,
             hqe,
@@ -110,7 +110,8 @@ def recover_abandoned(runner_id: str, executor: Executor) -> list[int]:
     return taken
 
 
-def _isolated(what: str, action: Callable[..., object], *args: object) -> None:
+def isolated(what: str, action: Callable[..., object], *args: object) -> None:
+    """Runs one record's recovery step; its failure is logged, and the next recovery tries again."""
     try:
         action(*args)
     except Exception:

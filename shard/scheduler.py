@@ -14,7 +14,6 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError
@@ -37,7 +36,7 @@ from shard.executor import (
 from shard.isolation import JobUser, give_to, inherited_env, passthrough_names, resolve_job_user
 from shard.lifecycle import HostLifecycle, fresh_dir, host_env, safe_name
 from shard.locks import shard_write
-from shard.recovery import close_abandoned_hqe, current_runner_id, recover_abandoned
+from shard.recovery import close_abandoned_hqe, current_runner_id, isolated, recover_abandoned
 from shard.services import finish_hqe, record_run, transition_hqe
 
 log = logging.getLogger(__name__)
@@ -163,26 +162,19 @@ class Scheduler:
         """
         self._next_recovery = time.monotonic() + self.config.recover_every_s
         for host_id in recover_abandoned(self.runner_id, self.executor):
-            self._isolated(f"host {host_id}: repair", self.hosts.repair, host_id)
+            isolated(f"host {host_id}: repair", self.hosts.repair, host_id)
         # An HQE of ours that no run here tracks (its start failed half-way) can never end otherwise.
         untracked = HostQueueEntry.objects.filter(
             runner=self.runner_id, status__in=(HQEStatus.STARTING, HQEStatus.RUNNING)
         ).exclude(id__in=list(self.runs))
         for hqe in untracked:
-            self._isolated(f"HQE {hqe.id}: closing", close_abandoned_hqe, hqe, "its run was lost by this shard process")
+            isolated(f"HQE {hqe.id}: closing", close_abandoned_hqe, hqe, "its run was lost by this shard process")
         # A host of ours that nothing here tends (a database error cut its change short) is repaired too.
         tended = {r.host_id for r in self.runs.values()} | set(self.hosts.tasks)
         busy = (HostStatus.RUNNING, HostStatus.CLEANING, HostStatus.REPAIRING)
         for host_id in Host.objects.filter(runner=self.runner_id, status__in=busy).values_list("id", flat=True):
             if host_id not in tended:
-                self._isolated(f"host {host_id}: repair", self.hosts.repair, host_id)
-
-    @staticmethod
-    def _isolated(what: str, action: Any, *args: Any) -> None:
-        try:
-            action(*args)
-        except Exception:
-            log.exception("%s failed; retrying at the next recovery", what)
+                isolated(f"host {host_id}: repair", self.hosts.repair, host_id)
 
     def _recover_if_due(self) -> None:
         if time.monotonic() >= self._next_recovery:
