@@ -89,6 +89,10 @@ class Executor(ABC):  # noqa: B024 (kill_orphan is optional: not every kind leav
     def kill_runner(self, runner: str) -> None:  # noqa: B027
         """Kills everything a dead scheduler process `runner` left running on this machine."""
 
+    def runners(self) -> list[str]:
+        """Scheduler processes that left something here to kill (even with no HQE or host to show for it)."""
+        return []
+
     def describe(self) -> str:
         """How runs are kept apart, for the start log."""
         return type(self).__name__
@@ -302,6 +306,9 @@ class LocalExecutor(Executor):
             preexec_fn=join if join_fd is not None else None,  # noqa: PLW1509
             **user,  # type: ignore[arg-type]
         )
+
+    def runners(self) -> list[str]:
+        return self.tracker.runners()
 
     def kill_runner(self, runner: str) -> None:
         if self.tracker.kind != PROCESS_GROUP:

@@ -79,6 +79,11 @@ def recover_abandoned(runner_id: str, executor: Executor) -> list[int]:
                 isolated(f"killing what {runner} left", executor.kill_runner, runner)
         return alive[runner]
 
+    # A dead runner's cgroups go even when no record names it (it crashed between a run's end and
+    # the removal of the run's cgroup, or it was another shard's on this machine).
+    for runner in executor.runners():
+        if runner != runner_id:
+            is_alive(runner)
     active = HostQueueEntry.objects.filter(status__in=(HQEStatus.STARTING, HQEStatus.RUNNING)).exclude(runner=runner_id)
     for hqe in active:
         if is_alive(hqe.runner):

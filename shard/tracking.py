@@ -262,6 +262,17 @@ class Tracker:
             _write(path / "pids.max", "max")
         return Cgroup(path, self.kind)
 
+    def runners(self) -> list[str]:
+        """The runner ids that have cgroups here (each as `machine:pid:start`, read back from its directory)."""
+        if self.root is None or not self.root.is_dir():
+            return []
+        found = []
+        for path in self.root.iterdir():
+            parts = path.name.rsplit("_", 2)
+            if path.is_dir() and len(parts) == 3 and not path.name.startswith("probe-"):
+                found.append(":".join(parts))
+        return found
+
     def kill_runner(self, runner: str) -> int:
         """Kills everything a (dead) runner left in its cgroups and removes them; returns how many groups."""
         if self.root is None:
