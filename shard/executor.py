@@ -2,32 +2,51 @@
 
 The scheduler only sees `Executor` and `RunHandle`, so another kind of executor (SSH, ADB, a batch
 system) is a new subclass here and a setting, with no change to the scheduler.
+
+The local executor treats the job as untrusted: it runs as the job user (shard/isolation.py), in
+its own cgroup (shard/tracking.py), and writes its output through a pipe that the shard copies to
+the log, so a log never grows past FLEETSHARD_MAX_LOG_BYTES however fast a job prints. The shard
+keeps its own descriptor of the log: the job owns its results directory and may replace `job.log`
+with a link to a secret, but the shard only reads and appends through what it opened itself.
 """
 
 import contextlib
 import os
 import re
 import signal
+import stat
 import subprocess
+import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
 from common.constants import LOG_TAIL_BYTES
+from common.wire import clean_text
+from shard.isolation import JobUser
+from shard.tracking import PROCESS_GROUP, Cgroup, Group, Tracker, detect, group_members
 
-# The shard's own secrets and database never reach a job's environment.
-_HIDDEN_ENV = re.compile(r"^(FLEETSHARD_.*|DATABASE_URL|SECRET_KEY)$")
+DEFAULT_MAX_LOG_BYTES = 100 * 1024 * 1024
+COPY_CHUNK = 64 * 1024
 
 
 @dataclass(frozen=True)
 class RunSpec:
-    """What to run: a shell command in a working directory, its output to `log_path`."""
+    """What to run: a shell command in a working directory, its output to `log_path`.
+
+    `user` is who runs it (None: the shard's own user); `runner` and `name` name its cgroup, so a
+    restarted shard finds what a crashed one left; the log keeps at most `max_log_bytes` of output.
+    """
 
     command: str
     workdir: Path
     log_path: Path
     env: dict[str, str]
+    user: JobUser | None = None
+    runner: str = ""
+    name: str = ""
+    max_log_bytes: int = DEFAULT_MAX_LOG_BYTES
 
 
 class RunHandle(ABC):
@@ -47,6 +66,17 @@ class RunHandle(ABC):
     def lingering(self) -> bool:
         """True while any process of the run is still alive (a run ends only when this is False)."""
 
+    def note(self, text: str) -> bool:  # noqa: B027 (optional: the scheduler falls back to the log's path)
+        """Adds a line of the shard's own to the run's log; False when this kind cannot."""
+        return False
+
+    def log_tail(self, limit: int = LOG_TAIL_BYTES) -> str | None:
+        """The end of the run's log, cleaned for the wire; None when this kind cannot tell."""
+        return None
+
+    def close(self) -> None:  # noqa: B027
+        """Releases what the run held once it has ended (its log, its cgroup)."""
+
 
 class Executor(ABC):  # noqa: B024 (kill_orphan is optional: not every kind leaves orphans)
     @abstractmethod
@@ -56,50 +86,60 @@ class Executor(ABC):  # noqa: B024 (kill_orphan is optional: not every kind leav
     def kill_orphan(self, pid: int, hqe_id: int) -> None:  # noqa: B027
         """Kills what a crashed shard left of HQE `hqe_id`'s run (`pid` as recorded), if anything."""
 
+    def kill_runner(self, runner: str) -> None:  # noqa: B027
+        """Kills everything a dead scheduler process `runner` left running on this machine."""
+
+    def runners(self) -> list[str]:
+        """Scheduler processes that left something here to kill (even with no HQE or host to show for it)."""
+        return []
+
+    def describe(self) -> str:
+        """How runs are kept apart, for the start log."""
+        return type(self).__name__
+
 
 def env_name(text: str) -> str:
     """`board.serial-no` -> `BOARD_SERIAL_NO`: a key as it may appear in an environment variable name."""
     return re.sub(r"[^A-Za-z0-9_]", "_", text).upper()
 
 
-def base_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not _HIDDEN_ENV.match(k)}
+def _open_own_log(path: Path, flags: int) -> int | None:
+    """Opens a log the shard wrote, refusing what a job may have put in its place (a link, its own file)."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or info.st_uid != os.geteuid():
+        os.close(fd)
+        return None
+    return fd
+
+
+def _tail_of(fd: int, limit: int) -> str:
+    size = os.fstat(fd).st_size
+    start = max(0, size - limit)
+    return clean_text(os.pread(fd, size - start, start).decode("utf-8", errors="replace"))
 
 
 def read_tail(path: Path, limit: int = LOG_TAIL_BYTES) -> str:
-    """The last `limit` bytes of a log, decoded leniently; '' when there is no log."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - limit))
-            return f.read().decode("utf-8", errors="replace")
-    except OSError:
+    """The last `limit` bytes of a log, decoded leniently and cleaned for the wire; '' when there is none."""
+    fd = _open_own_log(path, os.O_RDONLY)
+    if fd is None:
         return ""
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of a process group. Zombies count as gone: only a reaper can clear them."""
     try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return []
-    except PermissionError:
-        pass
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+        return _tail_of(fd, limit)
+    finally:
+        os.close(fd)
+
+
+def append_note(path: Path, text: str) -> None:
+    fd = _open_own_log(path, os.O_WRONLY | os.O_APPEND)
+    if fd is not None:
         try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read().decode(errors="replace")
-        except OSError:
-            continue
-        # The command name (field 2) may hold spaces and parentheses: split after its closing one.
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(entry))
-    return members
+            os.write(fd, f"\n[fleetshard] {text}\n".encode())
+        finally:
+            os.close(fd)
 
 
 def _environ_has(pid: int, marker: bytes) -> bool:
@@ -110,10 +150,55 @@ def _environ_has(pid: int, marker: bytes) -> bool:
         return False
 
 
+class LogCopier(threading.Thread):
+    """Copies a run's output from its pipe to the log, up to a cap; the rest is read and dropped.
+
+    Reading on past the cap keeps the job from blocking on a full pipe, so a chatty job runs as it
+    would have; the log says where it was cut.
+    """
+
+    def __init__(self, read_fd: int, log_fd: int, cap: int, name: str) -> None:
+        super().__init__(name=f"log-{name}", daemon=True)
+        self.read_fd = read_fd
+        self.log_fd = log_fd
+        self.cap = cap
+        self.written = 0
+        self.cut = False
+        self.lock = threading.Lock()
+
+    def run(self) -> None:
+        try:
+            while chunk := os.read(self.read_fd, COPY_CHUNK):
+                self._keep(chunk)
+        except OSError:
+            pass
+        finally:
+            os.close(self.read_fd)
+
+    def _keep(self, chunk: bytes) -> None:
+        room = self.cap - self.written
+        with self.lock:
+            if room > 0:
+                part = chunk[:room]
+                os.write(self.log_fd, part)
+                self.written += len(part)
+            if len(chunk) > room and not self.cut:
+                self.cut = True
+                os.write(self.log_fd, f"\n[fleetshard] log cut at {self.cap} bytes: the rest was dropped\n".encode())
+
+    def note(self, text: str) -> None:
+        with self.lock:
+            os.write(self.log_fd, f"\n[fleetshard] {text}\n".encode())
+
+
 class LocalRun(RunHandle):
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], group: Group, copier: LogCopier, log_fd: int) -> None:
         self.proc = proc
         self.pid = proc.pid
+        self.group = group
+        self.copier = copier
+        self.log_fd = log_fd
+        self.closed = False
 
     def poll(self) -> int | None:
         code = self.proc.poll()
@@ -122,29 +207,112 @@ class LocalRun(RunHandle):
         return 128 - code if code < 0 else code
 
     def signal_all(self, signum: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
+        if signum == signal.SIGKILL:
+            self.group.kill(self.proc.pid)
+        else:
+            self.group.signal(signum, self.proc.pid)
+        # The main process and its group too, whatever the group's kind: they are the run's first.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signum)
 
     def lingering(self) -> bool:
-        return self.proc.poll() is None or bool(group_members(self.proc.pid))
+        return self.proc.poll() is None or bool(self.group.pids(self.proc.pid))
+
+    def note(self, text: str) -> bool:
+        if self.closed:
+            return False
+        self.copier.note(text)
+        return True
+
+    def log_tail(self, limit: int = LOG_TAIL_BYTES) -> str | None:
+        if self.closed:
+            return None
+        # The output still in the pipe belongs in the tail: every writer is gone once the run ended.
+        self.copier.join(timeout=5)
+        return _tail_of(self.log_fd, limit)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.copier.join(timeout=5)
+        if not self.copier.is_alive():
+            os.close(self.log_fd)
+            self.closed = True
+        self.group.remove()
 
 
 class LocalExecutor(Executor):
-    """Runs `/bin/sh -c COMMAND` on this machine in a new session, so its process group is its own."""
+    """Runs `/bin/sh -c COMMAND` on this machine: new session, own cgroup, the job user, a capped log."""
+
+    def __init__(self, tracking: str | None = None) -> None:
+        self._tracking = tracking
+        self._tracker: Tracker | None = None
+
+    @property
+    def tracker(self) -> Tracker:
+        if self._tracker is None:
+            from django.conf import settings
+
+            self._tracker = detect(self._tracking or getattr(settings, "FLEETSHARD_PROCESS_TRACKING", "auto"))
+        return self._tracker
+
+    def describe(self) -> str:
+        return self.tracker.describe()
 
     def start(self, spec: RunSpec) -> RunHandle:
-        with open(spec.log_path, "ab") as log:
-            proc = subprocess.Popen(
-                ["/bin/sh", "-c", spec.command],
-                cwd=spec.workdir,
-                env=spec.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                close_fds=True,
-            )
-        return LocalRun(proc)
+        log_fd = os.open(spec.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        group: Group | None = None
+        read_fd = write_fd = -1
+        try:
+            group = self.tracker.group(spec.runner, spec.name)
+            read_fd, write_fd = os.pipe()
+            proc = self._popen(spec, group, write_fd)
+        except BaseException:
+            for fd in (log_fd, read_fd, write_fd):
+                if fd >= 0:
+                    os.close(fd)
+            if group is not None:
+                group.remove()
+            raise
+        os.close(write_fd)
+        if isinstance(group, Cgroup):
+            group.started()
+        copier = LogCopier(read_fd, log_fd, spec.max_log_bytes, spec.name or str(proc.pid))
+        copier.start()
+        return LocalRun(proc, group, copier, log_fd)
+
+    @staticmethod
+    def _popen(spec: RunSpec, group: Group, stdout_fd: int) -> subprocess.Popen[bytes]:
+        join_fd = group.join_fd()
+        user: dict[str, object] = {}
+        if spec.user is not None:
+            user = {"user": spec.user.uid, "group": spec.user.gid, "extra_groups": []}
+
+        def join() -> None:
+            # Runs in the child before exec (after it took the job user; the fd was opened by the
+            # shard): everything the job starts is born in its cgroup.
+            if join_fd is not None:
+                os.write(join_fd, b"0")
+
+        return subprocess.Popen(
+            ["/bin/sh", "-c", spec.command],
+            cwd=spec.workdir,
+            env=spec.env,
+            stdin=subprocess.DEVNULL,
+            stdout=stdout_fd,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+            preexec_fn=join if join_fd is not None else None,  # noqa: PLW1509
+            **user,  # type: ignore[arg-type]
+        )
+
+    def runners(self) -> list[str]:
+        return self.tracker.runners()
+
+    def kill_runner(self, runner: str) -> None:
+        if self.tracker.kind != PROCESS_GROUP:
+            self.tracker.kill_runner(runner)
 
     def kill_orphan(self, pid: int, hqe_id: int) -> None:
         """Kills the orphaned group, but only processes that carry the HQE's id: the pid may be reused."""

@@ -18,7 +18,8 @@ from django.db.models import F, Q
 
 from common.constants import HostStatus
 from common.models import Host
-from shard.executor import Executor, RunHandle, RunSpec, base_env, env_name
+from shard.executor import Executor, RunHandle, RunSpec, env_name
+from shard.isolation import give_to, inherited_env
 
 if TYPE_CHECKING:
     from shard.scheduler import SchedulerConfig
@@ -40,9 +41,21 @@ class HostTask:
     cooldown_until: float | None = None
 
 
+class BadHost(ValueError):
+    """A host's config from the master cannot be used (its attributes are not an object, say)."""
+
+
+def attributes_of(host: Host) -> dict[str, Any]:
+    """The host's attributes; the master's config is checked here, where a wrong shape would otherwise crash."""
+    attributes = host.attributes or {}
+    if not isinstance(attributes, dict):
+        raise BadHost(f"host {host.hostname}: attributes must be a JSON object, not {type(attributes).__name__}")
+    return attributes
+
+
 def host_env(host: Host) -> dict[str, str]:
     env = {"FLEETSHARD_HOSTNAME": host.hostname}
-    for key, value in (host.attributes or {}).items():
+    for key, value in attributes_of(host).items():
         env[f"FLEETSHARD_HOST_ATTR_{env_name(key)}"] = str(value)
     return env
 
@@ -53,8 +66,14 @@ def safe_name(text: str) -> str:
 
 
 def fresh_dir(parent: Path, name: str) -> Path:
-    """A new directory `parent/name` (or `name-2`, `name-3`...): results are never mixed or overwritten."""
+    """A new directory `parent/name` (or `name-2`, `name-3`...): results are never mixed or overwritten.
+
+    `parent` is made traversable but not listable (0711): a job reaches its own directory by name
+    and never sees its neighbours'.
+    """
     parent.mkdir(parents=True, exist_ok=True)
+    if parent.stat().st_mode & 0o777 != 0o711:
+        parent.chmod(0o711)
     for n in range(1, 10_000):
         path = parent / (name if n == 1 else f"{name}-{n}")
         try:
@@ -81,10 +100,23 @@ class HostLifecycle:
         task = HostTask(host.id, host.hostname, kind, deadline=time.monotonic() + self.config.host_command_timeout_s)
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
         try:
-            workdir = fresh_dir(self.config.results_root / "hosts" / safe_name(host.hostname), f"{kind}-{stamp}")
-            env = base_env() | host_env(host) | {"FLEETSHARD_RESULTS_DIR": str(workdir)}
-            task.handle = self.executor.start(RunSpec(command, workdir, workdir / f"{kind}.log", env))
-        except OSError as exc:
+            hosts_dir = self.config.results_root / "hosts"
+            workdir = fresh_dir(hosts_dir / safe_name(host.hostname), f"{kind}-{stamp}")
+            give_to(workdir, self.config.job_user)
+            env = inherited_env(self.config.env_passthrough) | host_env(host)
+            env |= {"FLEETSHARD_RESULTS_DIR": str(workdir), "HOME": str(workdir)}
+            spec = RunSpec(
+                command,
+                workdir,
+                workdir / f"{kind}.log",
+                env,
+                user=self.config.job_user,
+                runner=self.runner_id,
+                name=f"host-{host.id}-{kind}",
+                max_log_bytes=self.config.max_log_bytes,
+            )
+            task.handle = self.executor.start(spec)
+        except Exception as exc:
             log.warning("host %s: cannot start its %s command: %s", host.hostname, kind, exc)
             task.killed = True
         return task
@@ -100,7 +132,11 @@ class HostLifecycle:
         host = Host.objects.filter(id=host_id, runner=self.runner_id).first()
         if host is None or not self._set(host_id, HostStatus.CLEANING):
             return
-        command = (host.attributes or {}).get("cleanup_command") or self.config.cleanup_command
+        try:
+            command = attributes_of(host).get("cleanup_command") or self.config.cleanup_command
+        except BadHost as exc:
+            self._give_up(host, str(exc))
+            return
         if command:
             self.tasks[host_id] = self._start_command(host, CLEANUP, command)
         else:
@@ -110,12 +146,22 @@ class HostLifecycle:
         host = Host.objects.filter(id=host_id, runner=self.runner_id).first()
         if host is None or not self._set(host_id, HostStatus.REPAIRING):
             return
-        command = (host.attributes or {}).get("repair_command") or self.config.repair_command
+        try:
+            command = attributes_of(host).get("repair_command") or self.config.repair_command
+        except BadHost as exc:
+            self._give_up(host, str(exc))
+            return
         if not command:
             self._set(host_id, HostStatus.READY, release=True)
             return
         log.info("host %s: repairing", host.hostname)
         self.tasks[host_id] = self._start_command(host, REPAIR, command)
+
+    def _give_up(self, host: Host, reason: str) -> None:
+        """A host whose config cannot be used gets no work until the master changes it."""
+        log.warning("%s: Repair Failed until its config changes", reason)
+        self.tasks.pop(host.id, None)
+        self._set(host.id, HostStatus.REPAIR_FAILED, release=True, repair_failed_version=F("version"))
 
     def _cooldown_end(self) -> float:
         return time.monotonic() + self.config.cooldown_s
@@ -123,25 +169,33 @@ class HostLifecycle:
     def poll(self) -> None:
         now = time.monotonic()
         for task in list(self.tasks.values()):
-            if task.handle is not None:
-                code = task.handle.poll()
-                if code is None:
-                    if now >= task.deadline and not task.killed:
-                        log.warning("host %s: its %s command timed out", task.hostname, task.kind)
-                        task.handle.signal_all(signal.SIGKILL)
-                        task.killed = True
-                    continue
-                if task.handle.lingering():
+            try:
+                self._poll_task(task, now)
+            except Exception:
+                # One host's trouble (its database row, its command) never stops the others.
+                log.exception("host %s: watching its %s command failed; retrying next tick", task.hostname, task.kind)
+
+    def _poll_task(self, task: HostTask, now: float) -> None:
+        if task.handle is not None:
+            code = task.handle.poll()
+            if code is None:
+                if now >= task.deadline and not task.killed:
+                    log.warning("host %s: its %s command timed out", task.hostname, task.kind)
                     task.handle.signal_all(signal.SIGKILL)
-                    continue
-                task.handle = None
-                ok = code == 0 and not task.killed
-                self._command_done(task, ok, code)
-            elif task.killed:
-                self._command_done(task, False, None)
-            elif task.cooldown_until is not None and now >= task.cooldown_until:
-                del self.tasks[task.host_id]
-                self._set(task.host_id, HostStatus.READY, release=True)
+                    task.killed = True
+                return
+            if task.handle.lingering():
+                # The command ended; what it left behind goes with it before the host is used again.
+                task.handle.signal_all(signal.SIGKILL)
+                return
+            task.handle.close()
+            task.handle = None
+            self._command_done(task, code == 0 and not task.killed, code)
+        elif task.killed:
+            self._command_done(task, False, None)
+        elif task.cooldown_until is not None and now >= task.cooldown_until:
+            del self.tasks[task.host_id]
+            self._set(task.host_id, HostStatus.READY, release=True)
 
     def _command_done(self, task: HostTask, ok: bool, code: int | None) -> None:
         del self.tasks[task.host_id]
@@ -181,6 +235,12 @@ class HostLifecycle:
         while time.monotonic() < deadline and any(t.handle and t.handle.lingering() for t in self.tasks.values()):
             time.sleep(0.05)
         for host_id, task in self.tasks.items():
+            if task.handle is not None:
+                task.handle.close()
             cooling = task.kind == CLEANUP and task.handle is None and not task.killed
-            self._set(host_id, HostStatus.READY if cooling else HostStatus.REPAIRING, release=True)
+            try:
+                self._set(host_id, HostStatus.READY if cooling else HostStatus.REPAIRING, release=True)
+            except Exception as exc:
+                # Left marked as ours: the next start finds its runner dead and repairs the host.
+                log.warning("host %s: cannot release it (%s)", task.hostname, exc)
         self.tasks.clear()

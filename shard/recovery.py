@@ -8,6 +8,7 @@ that no longer exists was abandoned: its HQEs end `Failed`/`infra` and its hosts
 import logging
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 from common.constants import FailureClass, HostStatus, HQEStatus
@@ -18,8 +19,6 @@ from shard.locks import shard_write
 from shard.services import finish_hqe
 
 log = logging.getLogger(__name__)
-
-ABANDONED_NOTE = "\n[fleetshard] the shard process running this job is gone (crash or restart): infra failure\n"
 
 
 def _start_time(pid: int) -> str | None:
@@ -51,9 +50,24 @@ def runner_alive(runner: str) -> bool:
     return _start_time(pid_number) == start
 
 
+def close_abandoned_hqe(hqe: HostQueueEntry, why: str) -> None:
+    """Ends one HQE whose run nobody watches any more as an infra failure, its log's tail kept."""
+    tail = read_tail(Path(hqe.results_dir) / "job.log") if hqe.results_dir else ""
+    note = f"\n[fleetshard] {why}: infra failure\n"
+    try:
+        with shard_write():
+            finish_hqe(hqe.id, HQEStatus.FAILED, failure=FailureClass.INFRA, log_tail=tail + note)
+    except FleetshardError:
+        return
+    log.warning("HQE %s of job %s: %s: closed as an infra failure", hqe.id, hqe.job_id, why)
+
+
 def recover_abandoned(runner_id: str, executor: Executor) -> list[int]:
     """Ends the HQEs of dead runners as infra failures and takes over their hosts as `Repairing`.
 
+    Everything a dead runner left running on this machine is killed first (its cgroups, else each
+    run's process group). Each HQE and host is handled on its own: one that fails is logged and
+    retried at the next recovery without holding up the rest.
     Returns the ids of the hosts taken over; the caller runs their repair before they get work.
     """
     alive: dict[str, bool] = {}
@@ -61,31 +75,49 @@ def recover_abandoned(runner_id: str, executor: Executor) -> list[int]:
     def is_alive(runner: str) -> bool:
         if runner not in alive:
             alive[runner] = runner_alive(runner)
+            if not alive[runner] and runner:
+                isolated(f"killing what {runner} left", executor.kill_runner, runner)
         return alive[runner]
 
+    # A dead runner's cgroups go even when no record names it (it crashed between a run's end and
+    # the removal of the run's cgroup, or it was another shard's on this machine).
+    for runner in executor.runners():
+        if runner != runner_id:
+            is_alive(runner)
     active = HostQueueEntry.objects.filter(status__in=(HQEStatus.STARTING, HQEStatus.RUNNING)).exclude(runner=runner_id)
     for hqe in active:
         if is_alive(hqe.runner):
             continue
         if hqe.pid:
-            executor.kill_orphan(hqe.pid, hqe.id)
-        tail = read_tail(Path(hqe.results_dir) / "job.log") if hqe.results_dir else ""
-        try:
-            with shard_write():
-                finish_hqe(hqe.id, HQEStatus.FAILED, failure=FailureClass.INFRA, log_tail=tail + ABANDONED_NOTE)
-        except FleetshardError:
-            continue
-        log.warning("HQE %s of job %s was abandoned by %s: closed as an infra failure", hqe.id, hqe.job_id, hqe.runner)
+            isolated(f"HQE {hqe.id}: killing its processes", executor.kill_orphan, hqe.pid, hqe.id)
+        isolated(
+            f"HQE {hqe.id}: closing",
+            close_abandoned_hqe,
+            hqe,
+            f"abandoned: the shard process running this job ({hqe.runner or 'none'}) is gone (crash or restart)",
+        )
 
     taken = []
     busy = (HostStatus.RUNNING, HostStatus.CLEANING, HostStatus.REPAIRING)
     for host in Host.objects.filter(status__in=busy).exclude(runner=runner_id):
         if is_alive(host.runner):
             continue
-        claimed = Host.objects.filter(id=host.id, runner=host.runner, status=host.status).update(
-            status=HostStatus.REPAIRING, runner=runner_id
-        )
+        try:
+            claimed = Host.objects.filter(id=host.id, runner=host.runner, status=host.status).update(
+                status=HostStatus.REPAIRING, runner=runner_id
+            )
+        except Exception:
+            log.exception("host %s: cannot take it over; retrying at the next recovery", host.hostname)
+            continue
         if claimed:
             log.warning("host %s was left %s by %s: repairing it", host.hostname, host.status, host.runner or "nobody")
             taken.append(host.id)
     return taken
+
+
+def isolated(what: str, action: Callable[..., object], *args: object) -> None:
+    """Runs one record's recovery step; its failure is logged, and the next recovery tries again."""
+    try:
+        action(*args)
+    except Exception:
+        log.exception("%s failed; retrying at the next recovery", what)

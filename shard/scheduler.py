@@ -6,7 +6,9 @@ Queued -> Starting change, so however many scheduler processes share the shard's
 gets one HQE and an HQE gets one host.
 """
 
+import contextlib
 import logging
+import shutil
 import signal
 import time
 from dataclasses import dataclass
@@ -20,10 +22,21 @@ from django.utils import timezone
 from common.constants import FailureClass, HostStatus, HQEStatus
 from common.errors import FleetshardError
 from common.models import Host, HostQueueEntry, Job
-from shard.executor import Executor, LocalExecutor, RunHandle, RunSpec, base_env, env_name, read_tail
+from common.wire import clean_text
+from shard.executor import (
+    DEFAULT_MAX_LOG_BYTES,
+    Executor,
+    LocalExecutor,
+    RunHandle,
+    RunSpec,
+    append_note,
+    env_name,
+    read_tail,
+)
+from shard.isolation import JobUser, give_to, inherited_env, passthrough_names, resolve_job_user
 from shard.lifecycle import HostLifecycle, fresh_dir, host_env, safe_name
 from shard.locks import shard_write
-from shard.recovery import current_runner_id, recover_abandoned
+from shard.recovery import close_abandoned_hqe, current_runner_id, isolated, recover_abandoned
 from shard.services import finish_hqe, record_run, transition_hqe
 
 log = logging.getLogger(__name__)
@@ -43,6 +56,12 @@ class SchedulerConfig:
     host_command_timeout_s: float = 1800.0
     minute_s: float = 60.0
     recover_every_s: float = 10.0
+    # None: jobs run as the shard's own user (see shard/isolation.py).
+    job_user: JobUser | None = None
+    env_passthrough: tuple[str, ...] = ()
+    max_log_bytes: int = DEFAULT_MAX_LOG_BYTES
+    retention_days: float = 30.0
+    retention_every_s: float = 3600.0
 
     @classmethod
     def from_settings(cls) -> "SchedulerConfig":
@@ -56,6 +75,10 @@ class SchedulerConfig:
             cooldown_s=settings.FLEETSHARD_COOLDOWN_S,
             host_command_timeout_s=settings.FLEETSHARD_HOST_COMMAND_TIMEOUT_S,
             minute_s=settings.FLEETSHARD_MINUTE_S,
+            job_user=resolve_job_user(settings.FLEETSHARD_JOB_USER),
+            env_passthrough=passthrough_names(settings.FLEETSHARD_JOB_ENV_PASSTHROUGH),
+            max_log_bytes=settings.FLEETSHARD_MAX_LOG_BYTES,
+            retention_days=settings.FLEETSHARD_RESULTS_RETENTION_DAYS,
         )
 
 
@@ -78,12 +101,14 @@ class Run:
     killed: bool = False
 
 
-def job_env(job: Job, hqe_id: int, host: Host, results_dir: Path) -> dict[str, str]:
-    env = base_env() | host_env(host)
+def job_env(job: Job, hqe_id: int, host: Host, results_dir: Path, passthrough: tuple[str, ...] = ()) -> dict[str, str]:
+    """The whole environment of a run: an allowlist from the shard's, then what DESIGN.md gives a job."""
+    env = inherited_env(passthrough) | host_env(host)
     env.update(
         FLEETSHARD_JOB_ID=str(job.id),
         FLEETSHARD_HQE_ID=str(hqe_id),
         FLEETSHARD_RESULTS_DIR=str(results_dir),
+        HOME=str(results_dir),
     )
     for keyvals in (job.suite_keyvals or {}, job.keyvals or {}):
         for key, value in keyvals.items():
@@ -99,6 +124,7 @@ class Scheduler:
         self.runs: dict[int, Run] = {}
         self.hosts = HostLifecycle(self.runner_id, self.executor, config)
         self._next_recovery = 0.0
+        self._next_retention = 0.0
 
     # The loop's single step.
 
@@ -106,29 +132,49 @@ class Scheduler:
         """One pass: recover, expire, watch runs and hosts, then (unless draining) start new runs."""
         phases = [self._recover_if_due, self._expire, self._poll_runs, self.hosts.poll]
         if start_new:
-            phases += [self.hosts.retry_failed_repairs, self._schedule]
+            phases += [self.hosts.retry_failed_repairs, self._schedule, self._remove_old_results]
         for phase in phases:
             try:
                 phase()
             except DatabaseError as exc:
                 # A lock timeout or deadlock victim: nothing was half-done; the next tick retries.
                 log.warning("scheduler %s: database error, retrying next tick: %s", phase.__name__, exc)
+            except Exception:
+                # A bug or a bad record must cost one phase of one tick, never the loop: the runs
+                # already started are still watched by the phases after this one.
+                log.exception("scheduler %s failed; retrying next tick", phase.__name__)
 
     @property
     def busy(self) -> bool:
         return bool(self.runs or self.hosts.tasks)
 
+    @property
+    def processes_alive(self) -> bool:
+        """Whether any process of a run or host command is left (whatever the database knows)."""
+        handles = [r.handle for r in self.runs.values()] + [t.handle for t in self.hosts.tasks.values() if t.handle]
+        return any(h.lingering() for h in handles)
+
     def recover(self) -> None:
-        """Closes work abandoned by dead scheduler processes (this one's crashed predecessor included)."""
+        """Closes work abandoned by dead scheduler processes (this one's crashed predecessor included).
+
+        Each HQE and host is recovered on its own: one that cannot be is logged and retried at the
+        next recovery, and never keeps the others (or the scheduling after) from happening.
+        """
+        self._next_recovery = time.monotonic() + self.config.recover_every_s
         for host_id in recover_abandoned(self.runner_id, self.executor):
-            self.hosts.repair(host_id)
+            isolated(f"host {host_id}: repair", self.hosts.repair, host_id)
+        # An HQE of ours that no run here tracks (its start failed half-way) can never end otherwise.
+        untracked = HostQueueEntry.objects.filter(
+            runner=self.runner_id, status__in=(HQEStatus.STARTING, HQEStatus.RUNNING)
+        ).exclude(id__in=list(self.runs))
+        for hqe in untracked:
+            isolated(f"HQE {hqe.id}: closing", close_abandoned_hqe, hqe, "its run was lost by this shard process")
         # A host of ours that nothing here tends (a database error cut its change short) is repaired too.
         tended = {r.host_id for r in self.runs.values()} | set(self.hosts.tasks)
         busy = (HostStatus.RUNNING, HostStatus.CLEANING, HostStatus.REPAIRING)
         for host_id in Host.objects.filter(runner=self.runner_id, status__in=busy).values_list("id", flat=True):
             if host_id not in tended:
-                self.hosts.repair(host_id)
-        self._next_recovery = time.monotonic() + self.config.recover_every_s
+                isolated(f"host {host_id}: repair", self.hosts.repair, host_id)
 
     def _recover_if_due(self) -> None:
         if time.monotonic() >= self._next_recovery:
@@ -169,11 +215,13 @@ class Scheduler:
             .select_related("job")
             .order_by("-job__priority", "job__created_on", "job_id", "id")[:QUEUED_BATCH]
         )
+        job_ids = {q.job_id for q in queued}
         deps: dict[int, set[int]] = {}
-        for job_id, label_id in Job.dependency_labels.through.objects.filter(
-            job_id__in={q.job_id for q in queued}
-        ).values_list("job_id", "label_id"):
+        for job_id, label_id in Job.dependency_labels.through.objects.filter(job_id__in=job_ids).values_list(
+            "job_id", "label_id"
+        ):
             deps.setdefault(job_id, set()).add(label_id)
+        used = self._hosts_of(job_ids)
         for hqe in queued:
             if not ready or len(self.runs) >= self.config.max_runs:
                 return
@@ -181,18 +229,32 @@ class Scheduler:
                 candidates = [hqe.host_id] if hqe.host_id in ready else []
             else:
                 needed = deps.get(hqe.job_id, set()) | {hqe.meta_host_id}
-                candidates = [h for h in ready if needed <= labels[h]]
+                taken = used.get(hqe.job_id, set())
+                candidates = [h for h in ready if needed <= labels[h] and h not in taken]
             for host_id in candidates:
-                outcome = self._claim(hqe.id, host_id)
+                outcome = self._claim(hqe.id, hqe.job_id, host_id)
                 if outcome == "host-taken":
                     del ready[host_id]
                     continue
+                if outcome == "host-used":
+                    continue
                 if outcome == "claimed":
+                    used.setdefault(hqe.job_id, set()).add(host_id)
                     self._start(hqe, ready.pop(host_id))
                 break
 
-    def _claim(self, hqe_id: int, host_id: int) -> str:
-        """Takes the host and the HQE together, or neither: 'claimed', 'host-taken' or 'hqe-taken'."""
+    @staticmethod
+    def _hosts_of(job_ids: set[int]) -> dict[int, set[int]]:
+        """The hosts each job's HQEs run, ran or are named for: a job never uses a host twice."""
+        used: dict[int, set[int]] = {}
+        for job_id, host_id in HostQueueEntry.objects.filter(job_id__in=job_ids, host_id__isnull=False).values_list(
+            "job_id", "host_id"
+        ):
+            used.setdefault(job_id, set()).add(host_id)
+        return used
+
+    def _claim(self, hqe_id: int, job_id: int, host_id: int) -> str:
+        """Takes the host and the HQE together, or neither: 'claimed', 'host-taken', 'host-used' or 'hqe-taken'."""
         try:
             with shard_write():
                 taken = Host.objects.filter(
@@ -200,10 +262,16 @@ class Scheduler:
                 ).update(status=HostStatus.RUNNING, runner=self.runner_id)
                 if taken != 1:
                     return "host-taken"
-                if Job.objects.filter(hqes__id=hqe_id, aborted=True).exists():
+                if Job.objects.filter(id=job_id, aborted=True).exists():
                     raise FleetshardError(f"job of HQE {hqe_id} was aborted")
+                # Checked again under the host's row lock: another scheduler process may have given
+                # this host to another HQE of the job since this pass read the job's hosts.
+                if HostQueueEntry.objects.filter(job_id=job_id, host_id=host_id).exclude(id=hqe_id).exists():
+                    raise HostUsed(f"job {job_id} already used host {host_id}")
                 transition_hqe(hqe_id, HQEStatus.STARTING, host_id=host_id)
                 record_run(hqe_id, runner=self.runner_id)
+        except HostUsed:
+            return "host-used"
         except FleetshardError:
             return "hqe-taken"
         return "claimed"
@@ -211,25 +279,49 @@ class Scheduler:
     # Runs.
 
     def _start(self, hqe: HostQueueEntry, host: Host) -> None:
+        """Starts a claimed HQE's run; whatever goes wrong ends that HQE alone as an infra failure."""
         job = hqe.job
         try:
             results_dir = fresh_dir(self.config.results_root / str(job.id), f"{hqe.id}-{safe_name(host.hostname)}")
+            give_to(results_dir, self.config.job_user)
             log_path = results_dir / "job.log"
-            spec = RunSpec(job.command, results_dir, log_path, job_env(job, hqe.id, host, results_dir))
+            env = job_env(job, hqe.id, host, results_dir, self.config.env_passthrough)
+            spec = RunSpec(
+                job.command,
+                results_dir,
+                log_path,
+                env,
+                user=self.config.job_user,
+                runner=self.runner_id,
+                name=f"hqe-{hqe.id}",
+                max_log_bytes=self.config.max_log_bytes,
+            )
             handle = self.executor.start(spec)
-        except OSError as exc:
-            log.warning("HQE %s on %s: cannot start: %s", hqe.id, host.hostname, exc)
-            with shard_write():
-                finish_hqe(hqe.id, HQEStatus.FAILED, failure=FailureClass.INFRA, log_tail=f"cannot start: {exc}")
-            self.hosts.after_job(host.id, ok=False)
+        except Exception as exc:
+            self._cannot_start(hqe, host, exc)
             return
         deadline = time.monotonic() + job.max_runtime_mins * self.config.minute_s
         # Tracked before anything else can fail, so the process is always watched and ended.
         self.runs[hqe.id] = Run(hqe.id, job.id, host.id, handle, log_path, deadline)
-        with shard_write():
-            record_run(hqe.id, pid=handle.pid, results_dir=str(results_dir))
-            transition_hqe(hqe.id, HQEStatus.RUNNING)
+        try:
+            with shard_write():
+                record_run(hqe.id, pid=handle.pid, results_dir=str(results_dir))
+                transition_hqe(hqe.id, HQEStatus.RUNNING)
+        except Exception as exc:
+            # The run goes on and is watched; its end is recorded from Starting just as well.
+            log.warning("HQE %s: cannot record that it runs: %s", hqe.id, exc)
         log.info("HQE %s of job %s running on %s (pid %s)", hqe.id, job.id, host.hostname, handle.pid)
+
+    def _cannot_start(self, hqe: HostQueueEntry, host: Host, exc: Exception) -> None:
+        log.warning("HQE %s on %s: cannot start: %s", hqe.id, host.hostname, exc)
+        reason = clean_text(f"[fleetshard] cannot start the job on {host.hostname}: {exc}")
+        try:
+            with shard_write():
+                finish_hqe(hqe.id, HQEStatus.FAILED, failure=FailureClass.INFRA, log_tail=reason)
+            self.hosts.after_job(host.id, ok=False)
+        except Exception:
+            # Left Starting and ours: the next recovery closes it and repairs the host.
+            log.exception("HQE %s: cannot record that it failed to start", hqe.id)
 
     def stop_runs(self, reason: str = SHUTDOWN, *, at_once: bool = False) -> None:
         """Starts stopping every run (SIGTERM, SIGKILL after the grace); at once means SIGKILL now."""
@@ -244,43 +336,57 @@ class Scheduler:
     def _note(self, run: Run, text: str) -> None:
         log.info("HQE %s: %s", run.hqe_id, text)
         try:
-            with open(run.log_path, "a") as f:
-                f.write(f"\n[fleetshard] {text}\n")
+            if not run.handle.note(text):
+                append_note(run.log_path, text)
         except OSError:
             pass
 
     def _poll_runs(self) -> None:
         if not self.runs:
             return
-        aborted = set(
-            Job.objects.filter(id__in={r.job_id for r in self.runs.values()}, aborted=True).values_list("id", flat=True)
-        )
+        try:
+            aborted = set(
+                Job.objects.filter(id__in={r.job_id for r in self.runs.values()}, aborted=True).values_list(
+                    "id", flat=True
+                )
+            )
+        except DatabaseError as exc:
+            # Timeouts, a shutdown's signals and the runs' ends must not wait for the database.
+            log.warning("cannot read which jobs were aborted (%s): watching the runs regardless", exc)
+            aborted = set()
         now = time.monotonic()
         for run in list(self.runs.values()):
-            code = run.handle.poll()
-            if not run.reason and code is None:
-                if run.job_id in aborted:
-                    run.reason = ABORT
-                    self._note(run, "the job was aborted: stopping the run")
-                elif now >= run.deadline:
-                    run.reason = TIMEOUT
-                    self._note(run, "max_runtime_mins reached: stopping the run")
-            if run.reason and not run.killed:
-                if run.term_at is None:
-                    run.handle.signal_all(signal.SIGTERM)
-                    run.term_at = now
-                elif now - run.term_at >= self.config.abort_grace_s and run.handle.lingering():
-                    self._note(run, f"still running {self.config.abort_grace_s:g} s after SIGTERM: SIGKILL")
-                    run.handle.signal_all(signal.SIGKILL)
-                    run.killed = True
-            if code is None:
-                continue
-            if run.handle.lingering():
-                if not run.reason:
-                    # The main process ended; what it left in its process group goes with it.
-                    run.handle.signal_all(signal.SIGKILL)
-                continue
-            self._finish(run, code)
+            try:
+                self._poll_run(run, run.job_id in aborted, now)
+            except Exception:
+                # Its end is recorded at a later tick; the other runs are watched meanwhile.
+                log.exception("HQE %s: watching its run failed; retrying next tick", run.hqe_id)
+
+    def _poll_run(self, run: Run, aborted: bool, now: float) -> None:
+        code = run.handle.poll()
+        if not run.reason and code is None:
+            if aborted:
+                run.reason = ABORT
+                self._note(run, "the job was aborted: stopping the run")
+            elif now >= run.deadline:
+                run.reason = TIMEOUT
+                self._note(run, "max_runtime_mins reached: stopping the run")
+        if run.reason and not run.killed:
+            if run.term_at is None:
+                run.handle.signal_all(signal.SIGTERM)
+                run.term_at = now
+            elif now - run.term_at >= self.config.abort_grace_s and run.handle.lingering():
+                self._note(run, f"still running {self.config.abort_grace_s:g} s after SIGTERM: SIGKILL")
+                run.handle.signal_all(signal.SIGKILL)
+                run.killed = True
+        if code is None:
+            return
+        if run.handle.lingering():
+            if not run.reason:
+                # The main process ended; what it left behind (daemons included) goes with it.
+                run.handle.signal_all(signal.SIGKILL)
+            return
+        self._finish(run, code)
 
     def _finish(self, run: Run, code: int) -> None:
         failure = ""
@@ -294,13 +400,77 @@ class Scheduler:
             status = HQEStatus.COMPLETED
         else:
             status, failure = HQEStatus.FAILED, FailureClass.TEST
+        tail = run.handle.log_tail()
+        if tail is None:
+            tail = read_tail(run.log_path)
         try:
             with shard_write():
-                finish_hqe(run.hqe_id, status, failure=failure, exit_code=code, log_tail=read_tail(run.log_path))
+                finish_hqe(run.hqe_id, status, failure=failure, exit_code=code, log_tail=tail)
         except FleetshardError as exc:
             log.warning("HQE %s: cannot record its end (%s): %s", run.hqe_id, status, exc)
+        # A database error leaves the run here: the next tick records its end again.
         del self.runs[run.hqe_id]
+        run.handle.close()
         log.info(
             "HQE %s of job %s: %s%s (exit %s)", run.hqe_id, run.job_id, status, f"/{failure}" * bool(failure), code
         )
         self.hosts.after_job(run.host_id, ok=status == HQEStatus.COMPLETED)
+
+    # Old results.
+
+    def _remove_old_results(self) -> None:
+        """Once an interval, removes run directories older than the retention (never an active run's)."""
+        now = time.monotonic()
+        if now < self._next_retention:
+            return
+        self._next_retention = now + self.config.retention_every_s
+        cutoff = time.time() - self.config.retention_days * 86400
+        active = set(
+            HostQueueEntry.objects.filter(status__in=(HQEStatus.STARTING, HQEStatus.RUNNING))
+            .exclude(results_dir="")
+            .values_list("results_dir", flat=True)
+        )
+        active |= {str(r.log_path.parent) for r in self.runs.values()}
+        removed = remove_old_results(self.config.results_root, cutoff, active)
+        if removed:
+            log.info("removed %d run directories older than %g days", removed, self.config.retention_days)
+
+
+class HostUsed(FleetshardError):
+    """The job already used this host (DESIGN.md: a job never uses a host twice)."""
+
+
+def remove_old_results(root: Path, cutoff: float, active: set[str]) -> int:
+    """Removes `root/GROUP/RUN` directories last changed before `cutoff`, then emptied groups.
+
+    Host command directories (`root/hosts/HOST/KIND-TIME`) are old results like any other; a host
+    command still running keeps changing its directory's log, so it is never that old.
+    """
+    removed = 0
+    groups = [g for g in _subdirs(root) if g.name != "hosts"] + _subdirs(root / "hosts")
+    for group in groups:
+        for run_dir in _subdirs(group):
+            if str(run_dir) in active or _newest_change(run_dir) >= cutoff:
+                continue
+            shutil.rmtree(run_dir, ignore_errors=True)
+            removed += not run_dir.exists()
+        # An empty group is left alone while young: another scheduler may be about to make a run in it.
+        if not any(group.iterdir()) and group.lstat().st_mtime < cutoff:
+            group.rmdir()
+    return removed
+
+
+def _subdirs(path: Path) -> list[Path]:
+    try:
+        return [p for p in path.iterdir() if p.is_dir() and not p.is_symlink()]
+    except OSError:
+        return []
+
+
+def _newest_change(run_dir: Path) -> float:
+    """When the run last wrote: its directory or its log (a long run's log changes, its directory may not)."""
+    times = [run_dir.lstat().st_mtime]
+    for name in ("job.log", "cleanup.log", "repair.log"):
+        with contextlib.suppress(OSError):
+            times.append((run_dir / name).lstat().st_mtime)
+    return max(times)

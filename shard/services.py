@@ -10,6 +10,7 @@ from common.constants import LOG_TAIL_BYTES, FailureClass, HQEStatus, hqe_can_mo
 from common.errors import FleetshardError, NotFound
 from common.jobstatus import refresh_job_statuses
 from common.models import HostQueueEntry
+from common.wire import clean_text
 from shard.outbox import enqueue, enqueue_many
 
 
@@ -43,7 +44,9 @@ def transition_hqe(
         hqe.finished_on = now
         hqe.failure = failure
         hqe.exit_code = exit_code
-        hqe.log_tail = log_tail[-LOG_TAIL_BYTES:]
+        # The tail is a job's output: untrusted text that must be storable and sendable (DESIGN.md,
+        # "Values on the wire"), whichever caller passed it.
+        hqe.log_tail = clean_text(log_tail[-LOG_TAIL_BYTES:])
     hqe.save()
     enqueue(hqe)
     refresh_job_statuses([hqe.job_id])

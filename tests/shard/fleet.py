@@ -3,6 +3,7 @@ services, quick reads of either database with plain SQL, and per-host overlap ch
 
 import json
 import sqlite3
+import stat
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,18 @@ TIMED = (
     'echo "$FLEETSHARD_HOSTNAME $(date +%s%N)" > "$FLEETSHARD_RESULTS_DIR/start"; {body}; '
     'rc=$?; date +%s%N > "$FLEETSHARD_RESULTS_DIR/end"; exit $rc'
 )
+
+
+def writable_by_jobs(tmp: Path) -> Path:
+    """A directory jobs may write markers into: run as root, the shard runs them as `nobody`."""
+    shared = tmp / "shared"
+    shared.mkdir(exist_ok=True)
+    shared.chmod(0o1777)
+    for parent in shared.parents:
+        mode = parent.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            parent.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
+    return shared
 
 
 def sql(url: str, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:

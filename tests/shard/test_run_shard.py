@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.shard.fleet import ACTIVE, in_list, master_hqes, new_shard, sql, submit
+from tests.shard.fleet import ACTIVE, in_list, master_hqes, new_shard, sql, submit, writable_by_jobs
 from tests.support import stop, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -32,16 +32,6 @@ def shard_hqe(shard, job_id: int) -> tuple:
     return rows[0] if rows else ("", "", "", None)
 
 
-@pytest.fixture
-def started():
-    """Stops every shard process a test started; their logs show when the test fails."""
-    procs: list[tuple[subprocess.Popen, Path]] = []
-    yield procs
-    for proc, log in procs:
-        stop(proc)
-        print(f"==== {log} ====\n{log.read_text(errors='replace')[-20000:]}")
-
-
 def start(shard, started, name: str = "run") -> subprocess.Popen:
     proc = shard.process.role.start("run_shard", log_name=f"{name}.log")
     started.append((proc, shard.process.role.data_dir / f"{name}.log"))
@@ -54,10 +44,15 @@ def log_of(shard, name: str = "run") -> str:
 
 def test_abort_reaches_sigterm_then_sigkill_and_an_aborted_hqe_on_the_master(master_server, tmp_path, started):
     shard = new_shard(master_server, tmp_path, hosts=1)
-    command = "trap 'echo TERM >> \"$FLEETSHARD_RESULTS_DIR/signals\"' TERM; while true; do sleep 0.1; done"
+    command = (
+        "trap 'echo TERM >> \"$FLEETSHARD_RESULTS_DIR/signals\"' TERM; "
+        'echo started > "$FLEETSHARD_RESULTS_DIR/started"; while true; do sleep 0.1; done'
+    )
     (job,) = submit(master_server, [{"name": "stubborn", "command": command, "meta_hosts": [[shard.label, 1]]}])
     proc = start(shard, started)
     wait_until(lambda: master_status(master_server, job)[1] == "Running", timeout=60, what="Running on the master")
+    # The abort must find the trap set: wait until the job says so.
+    wait_until(lambda: Path(shard_hqe(shard, job)[2], "started").exists(), timeout=60, what="the trap set")
     master_server.shell(f"from master import services\nservices.abort_jobs([{job}])\nresult = 1")
     wait_until(lambda: master_status(master_server, job)[1] == "Aborted", timeout=60, what="Aborted on the master")
     _, _, results_dir, pid = shard_hqe(shard, job)
@@ -70,7 +65,7 @@ def test_abort_reaches_sigterm_then_sigkill_and_an_aborted_hqe_on_the_master(mas
 def test_shard_killed_mid_job_and_restarted_closes_the_job_as_infra_and_repairs_the_host(
     master_server, tmp_path, started
 ):
-    marker = tmp_path / "repaired"
+    marker = writable_by_jobs(tmp_path) / "repaired"
     shard = new_shard(master_server, tmp_path, hosts={"dut": {"repair_command": f"touch {marker}"}})
     (host_id,) = shard.hosts.values()
     long_job, next_job = submit(

@@ -133,3 +133,4 @@ class ShardWorld:
         while self.scheduler.runs and time.monotonic() < deadline:
             self.scheduler.tick(start_new=False)
             time.sleep(0.05)
+        self.scheduler.executor.kill_runner(self.scheduler.runner_id)

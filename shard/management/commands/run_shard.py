@@ -9,6 +9,7 @@ import logging
 import signal
 import threading
 import time
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -20,11 +21,42 @@ from django.utils.module_loading import import_string
 from common.models import OutboxEntry
 from shard.client import HeartbeatClient, HeartbeatFailed, ProtocolRefused
 from shard.executor import Executor
+from shard.isolation import (
+    IsolationError,
+    JobUser,
+    describe_job_user,
+    hide_environ,
+    make_traversable,
+    protect_data,
+    read_token_file,
+)
 from shard.scheduler import Scheduler, SchedulerConfig
 
 log = logging.getLogger("shard.run_shard")
 
 FINAL_HEARTBEATS = 3
+
+
+# Once every process of the runs is gone, how long the loop still tries to record their ends before
+# it exits anyway (a database that fails every query must not keep a stopping shard alive).
+RECORD_GRACE_S = 5.0
+
+
+def shard_token(user: JobUser | None) -> str:
+    """The shard's token: from FLEETSHARD_SHARD_TOKEN_FILE (which jobs cannot read) or FLEETSHARD_SHARD_TOKEN."""
+    if settings.FLEETSHARD_SHARD_TOKEN_FILE:
+        if settings.FLEETSHARD_SHARD_TOKEN:
+            raise CommandError("set FLEETSHARD_SHARD_TOKEN_FILE or FLEETSHARD_SHARD_TOKEN, not both")
+        try:
+            return read_token_file(Path(settings.FLEETSHARD_SHARD_TOKEN_FILE), user)
+        except IsolationError as exc:
+            raise CommandError(str(exc)) from exc
+    return settings.FLEETSHARD_SHARD_TOKEN
+
+
+def sqlite_file() -> list[Path]:
+    db = settings.DATABASES["default"]
+    return [Path(db["NAME"])] if db["ENGINE"].endswith("sqlite3") else []
 
 
 class Command(BaseCommand):
@@ -33,27 +65,37 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if settings.ROLE != "shard":
             raise CommandError("run_shard needs FLEETSHARD_ROLE=shard")
+        try:
+            config = SchedulerConfig.from_settings()
+        except (IsolationError, ValueError) as exc:
+            raise CommandError(str(exc)) from exc
+        token = shard_token(config.job_user)
         missing = [
             name
             for name, value in (
                 ("FLEETSHARD_MASTER_URL", settings.FLEETSHARD_MASTER_URL),
                 ("FLEETSHARD_SHARD_HOSTNAME", settings.FLEETSHARD_SHARD_HOSTNAME),
-                ("FLEETSHARD_SHARD_TOKEN", settings.FLEETSHARD_SHARD_TOKEN),
+                ("FLEETSHARD_SHARD_TOKEN", token),
             )
             if not value
         ]
         if missing:
             raise CommandError(f"set {', '.join(missing)} to run a shard")
-        client = HeartbeatClient(
-            settings.FLEETSHARD_MASTER_URL, settings.FLEETSHARD_SHARD_HOSTNAME, settings.FLEETSHARD_SHARD_TOKEN
-        )
-        config = SchedulerConfig.from_settings()
+        client = HeartbeatClient(settings.FLEETSHARD_MASTER_URL, settings.FLEETSHARD_SHARD_HOSTNAME, token)
         try:
             executor = import_string(settings.FLEETSHARD_EXECUTOR)()
         except (ImportError, TypeError) as exc:
             raise CommandError(f"FLEETSHARD_EXECUTOR={settings.FLEETSHARD_EXECUTOR}: {exc}") from exc
         if not isinstance(executor, Executor):
             raise CommandError(f"FLEETSHARD_EXECUTOR={settings.FLEETSHARD_EXECUTOR} is not a shard.executor.Executor")
+        try:
+            protect_data(settings.DATA_DIR, sqlite_file())
+            make_traversable(config.results_root, config.job_user)
+            tracking = executor.describe()
+        except (OSError, ValueError) as exc:
+            raise CommandError(f"cannot prepare the shard's files: {exc}") from exc
+        if config.job_user is None and not hide_environ():
+            log.warning("cannot hide this process's environment from jobs of its own user (prctl unavailable)")
         scheduler = Scheduler(config, executor)
         draining = threading.Event()
         at_once = threading.Event()
@@ -98,18 +140,65 @@ class Command(BaseCommand):
             scheduler.runner_id,
             settings.FLEETSHARD_MASTER_URL,
         )
-        scheduler.recover()
+        log.info("%s; %s", describe_job_user(config.job_user), tracking)
         thread = threading.Thread(target=heartbeat, name="heartbeat", daemon=True)
         thread.start()
+        if self._wait_for_acceptance(client, draining, wake, config.tick_s):
+            self._loop(scheduler, config, draining, at_once, wake)
+        scheduler.hosts.stop_all()
+        # Nothing of ours may outlive us, and our empty cgroups go too.
+        executor.kill_runner(scheduler.runner_id)
+        heartbeat_stop.set()
+        thread.join(timeout=2 if at_once.is_set() else settings.FLEETSHARD_REQUEST_TIMEOUT_S + 10)
+        if not at_once.is_set() and not thread.is_alive():
+            self._flush(client)
+        if fatal:
+            raise CommandError(f"stopping: {fatal[0]}")
+        log.info("shard %s stopped", settings.FLEETSHARD_SHARD_HOSTNAME)
+
+    @staticmethod
+    def _wait_for_acceptance(
+        client: HeartbeatClient, draining: threading.Event, wake: threading.Event, tick_s: float
+    ) -> bool:
+        """Waits until the master accepts this instance; False when told to stop first.
+
+        Until then the shard touches no run, process or host: not even crash recovery, since
+        another live instance of this shard may own what looks abandoned (DESIGN.md, "Shard instances").
+        """
+        if not client.accepted.is_set():
+            log.info("waiting for the master to accept this shard instance before touching any run or host")
+        while not client.accepted.is_set():
+            if draining.is_set():
+                return False
+            wake.wait(tick_s)
+            wake.clear()
+        return True
+
+    @staticmethod
+    def _loop(
+        scheduler: Scheduler,
+        config: SchedulerConfig,
+        draining: threading.Event,
+        at_once: threading.Event,
+        wake: threading.Event,
+    ) -> None:
+        """Ticks until stopped and nothing is left running; see the module's docstring for the rules."""
         drain_deadline: float | None = None
+        stopping_since: float | None = None
         while True:
-            if at_once.is_set():
-                scheduler.stop_runs(at_once=True)
-            elif draining.is_set():
-                if drain_deadline is None:
-                    drain_deadline = time.monotonic() + settings.FLEETSHARD_DRAIN_S
-                if time.monotonic() >= drain_deadline and scheduler.runs:
-                    scheduler.stop_runs()
+            now = time.monotonic()
+            try:
+                if at_once.is_set():
+                    scheduler.stop_runs(at_once=True)
+                    stopping_since = stopping_since or now
+                elif draining.is_set():
+                    if drain_deadline is None:
+                        drain_deadline = now + settings.FLEETSHARD_DRAIN_S
+                    if now >= drain_deadline and scheduler.runs:
+                        scheduler.stop_runs()
+                        stopping_since = stopping_since or now
+            except Exception:
+                log.exception("stopping the runs failed; retrying")
             try:
                 # A connection broken by a database restart is dropped here and reopened by the next query.
                 close_old_connections()
@@ -117,19 +206,29 @@ class Command(BaseCommand):
             except Exception:
                 # Keep watching the runs already started rather than leave them unattended.
                 log.exception("scheduler tick failed; retrying")
-            settled = at_once.is_set() or not scheduler.busy or time.monotonic() >= (drain_deadline or 0)
-            if draining.is_set() and not scheduler.runs and settled:
-                break
+            if draining.is_set() and Command._may_exit(scheduler, at_once, drain_deadline, stopping_since):
+                return
             wake.wait(config.tick_s)
             wake.clear()
-        scheduler.hosts.stop_all()
-        heartbeat_stop.set()
-        thread.join(timeout=settings.FLEETSHARD_REQUEST_TIMEOUT_S + 10)
-        if not at_once.is_set():
-            self._flush(client)
-        if fatal:
-            raise CommandError(f"stopping: {fatal[0]}")
-        log.info("shard %s stopped", settings.FLEETSHARD_SHARD_HOSTNAME)
+
+    @staticmethod
+    def _may_exit(
+        scheduler: Scheduler, at_once: threading.Event, drain_deadline: float | None, stopping_since: float | None
+    ) -> bool:
+        now = time.monotonic()
+        if not scheduler.runs:
+            return at_once.is_set() or not scheduler.busy or now >= (drain_deadline or 0)
+        # Runs whose processes are all gone but whose ends cannot be recorded (the database fails):
+        # the next start closes them as abandoned, so waiting longer gains nothing.
+        if stopping_since is not None and now - stopping_since >= RECORD_GRACE_S:
+            try:
+                alive = scheduler.processes_alive
+            except Exception:
+                alive = True
+            if not alive:
+                log.warning("exiting with %d run ends unrecorded: the next start closes them", len(scheduler.runs))
+                return True
+        return False
 
     def _flush(self, client: HeartbeatClient) -> None:
         """A last heartbeat or two so the master learns how the jobs ended; the outbox keeps the rest."""
