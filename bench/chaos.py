@@ -287,9 +287,14 @@ class JobPlan:
     job_id: int | None = None
 
 
+def process_mark(tag: str) -> str:
+    """The string every job, cleanup and repair command of the run carries, for `ps` (not in database names)."""
+    return f"fs-chaos-mark-{tag}"
+
+
 def job_command(marks: Path, tag: str, body: str) -> str:
-    """Every run leaves its HQE id in the marker file; `tag` lets `ps` find the run's processes later."""
-    return f': {tag}; echo "$FLEETSHARD_HQE_ID" >> {marks}/runs; {body}'
+    """Every run leaves its HQE id in the marker file; the mark lets `ps` find the run's processes later."""
+    return f': {process_mark(tag)}; echo "$FLEETSHARD_HQE_ID" >> {marks}/runs; {body}'
 
 
 def plan_jobs(rng: random.Random, count: int, shards: list[ShardSpec], marks: Path, tag: str) -> list[JobPlan]:
@@ -411,9 +416,9 @@ class Chaos:
             for h, host in enumerate(hosts):
                 attributes = {"serial": f"{name.upper()}-{h}"}
                 if h % 3 == 1:
-                    attributes["cleanup_command"] = f": {self.tag}-cleanup; sleep 0.1"
+                    attributes["cleanup_command"] = f": {process_mark(self.tag)}; sleep 0.1"
                 if h % 3 == 2:
-                    attributes["repair_command"] = f": {self.tag}-repair; sleep 0.3"
+                    attributes["repair_command"] = f": {process_mark(self.tag)}; sleep 0.3"
                 self.api.ok("POST", "hosts/", {"hostnames": [host], "labels": [label], "attributes": attributes})
             proxied = index == 2
             master_url = f"http://127.0.0.1:{proxy_port}" if proxied else self.master_url
@@ -531,16 +536,21 @@ class Chaos:
             time.sleep(0.05)
         return "pg_terminate_backend: " + ", ".join(f"{n} connections of {w}" for w, n in killed.items())
 
-    def running_on(self, shard: ShardSpec) -> int:
-        return int(
-            sql(shard.role.database_url, "SELECT count(*) FROM common_hostqueueentry WHERE status = 'Running'")[0][0]
-        )
+    def count_on(self, shard: ShardSpec, status: str) -> int:
+        query = "SELECT count(*) FROM common_hostqueueentry WHERE status = %s"
+        return int(sql(shard.role.database_url, query, (status,))[0][0])
+
+    def busiest(self, status: str, candidates: list[ShardSpec]) -> ShardSpec | None:
+        """A random one of the shards with HQEs in `status` now, or None."""
+        busy = [s for s in candidates if self.count_on(s, status)]
+        return self.rng.choice(busy) if busy else None
 
     def fault_shard_kill(self) -> str:
-        shard = self.rng.choice(self.shards)
-        running = wait_until(
-            lambda: self.running_on(shard), timeout=30, interval=0.1, what=f"a job running on {shard.name}"
+        """SIGKILL to a shard with a job running (its job processes outlive it), and a restart."""
+        shard = wait_until(
+            lambda: self.busiest("Running", self.shards), timeout=60, interval=0.1, what="a job running on a shard"
         )
+        running = self.count_on(shard, "Running")
         shard.service.kill(group=False)
         down = self.rng.uniform(0.5, 3.0)
         time.sleep(down)
@@ -580,7 +590,9 @@ class Chaos:
 
     def fault_database_copy(self) -> str:
         """A copy of a live shard's database, run with the same token, must be refused (409) and run nothing."""
-        shard = self.rng.choice([s for s in self.shards if not s.proxied])
+        candidates = [s for s in self.shards if not s.proxied]
+        # A copy with queued work is the dangerous one: it must not start any of it.
+        shard = self.busiest("Queued", candidates) or self.rng.choice(candidates)
         copy_name = f"chaos_{self.tag}_copy"
         url = copy_database(shard.role.database_url, copy_name)
         self.databases.append(url)
@@ -697,7 +709,7 @@ def leftover_processes(tag: str) -> list[str]:
             args = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if tag in args and int(proc.name) != os.getpid():
+        if process_mark(tag) in args and int(proc.name) != os.getpid():
             found.append(f"pid {proc.name}: {args[:150]}")
     return found
 

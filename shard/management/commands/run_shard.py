@@ -98,11 +98,16 @@ class Command(BaseCommand):
             scheduler.runner_id,
             settings.FLEETSHARD_MASTER_URL,
         )
-        scheduler.recover()
         thread = threading.Thread(target=heartbeat, name="heartbeat", daemon=True)
         thread.start()
+        # No run, process or host is touched before the master accepts this database (docs/protocol.md,
+        # "Shard instances"): a copy of a live shard's database must not start the work it holds.
+        while not client.accepted.wait(config.tick_s) and not draining.is_set():
+            pass
+        if client.accepted.is_set():
+            scheduler.recover()
         drain_deadline: float | None = None
-        while True:
+        while client.accepted.is_set():
             if at_once.is_set():
                 scheduler.stop_runs(at_once=True)
             elif draining.is_set():
