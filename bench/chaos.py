@@ -762,6 +762,12 @@ def check(chaos: Chaos) -> Report:
         dead = int(sql(shard.role.database_url, "SELECT count(*) FROM common_deadletter")[0][0])
         if dead:
             other.append(f"{shard.name}: {dead} dead letters (updates the master rejected)")
+    doubles = sql(
+        master_url,
+        "SELECT name, count(*) FROM common_job WHERE name LIKE %s GROUP BY name HAVING count(*) > 1",
+        (f"{chaos.tag}-%",),
+    )
+    other += [f"job {name} submitted {n} times" for name, n in doubles]
     ran_unrecorded = sorted(set(by_marker) - set(master_hqes))
     if ran_unrecorded:
         other.append(f"marker lines of unknown HQEs: {ran_unrecorded[:10]}")

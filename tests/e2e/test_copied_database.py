@@ -2,7 +2,8 @@
 the master refuses it (409), and it must start nothing before that answer (docs/protocol.md, "Shard
 instances": a shard process touches no run, process or host until the master accepted its instance).
 
-Found by bench/chaos.py's database_copy fault; this is its deterministic reproduction.
+Found while building bench/chaos.py's database_copy fault (which hits it only when the copy catches a
+Ready host beside queued work); this is its deterministic reproduction.
 """
 
 import shutil
