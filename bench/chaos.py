@@ -330,6 +330,16 @@ def plan_jobs(rng: random.Random, count: int, shards: list[ShardSpec], marks: Pa
     return plans
 
 
+def startable_hqes(url: str) -> int:
+    """Queued meta-host HQEs of a shard database that a Ready host of theirs could start at once."""
+    query = (
+        "SELECT count(DISTINCT q.id) FROM common_hostqueueentry q JOIN common_job j ON j.id = q.job_id "
+        "JOIN common_host_labels hl ON hl.label_id = q.meta_host_id JOIN common_host h ON h.id = hl.host_id "
+        "WHERE q.status = 'Queued' AND NOT j.aborted AND h.status = 'Ready' AND h.runner = '' AND NOT h.locked"
+    )
+    return int(sql(url, query)[0][0])
+
+
 # The run.
 
 
@@ -545,6 +555,11 @@ class Chaos:
         busy = [s for s in candidates if self.count_on(s, status)]
         return self.rng.choice(busy) if busy else None
 
+    def startable(self, candidates: list[ShardSpec]) -> ShardSpec | None:
+        """A shard whose database holds a queued meta-host HQE and a Ready host with its label right now."""
+        ready = [s for s in candidates if startable_hqes(s.role.database_url)]
+        return self.rng.choice(ready) if ready else None
+
     def fault_shard_kill(self) -> str:
         """SIGKILL to a shard with a job running (its job processes outlive it), and a restart."""
         shard = wait_until(
@@ -591,11 +606,16 @@ class Chaos:
     def fault_database_copy(self) -> str:
         """A copy of a live shard's database, run with the same token, must be refused (409) and run nothing."""
         candidates = [s for s in self.shards if not s.proxied]
-        # A copy with queued work is the dangerous one: it must not start any of it.
-        shard = self.busiest("Queued", candidates) or self.rng.choice(candidates)
+        # The dangerous copy holds queued work and a Ready host: it must start none of it. Wait
+        # (bounded) for such a moment on some shard; else copy a random one.
+        try:
+            shard = wait_until(lambda: self.startable(candidates), timeout=20, interval=0.05, what="queued work")
+        except AssertionError:
+            shard = self.rng.choice(candidates)
         copy_name = f"chaos_{self.tag}_copy"
         url = copy_database(shard.role.database_url, copy_name)
         self.databases.append(url)
+        startable = startable_hqes(url)
         data_dir = self.data_dir / f"{shard.name}-copy"
         data_dir.mkdir(parents=True, exist_ok=True)
         results = data_dir / "results"
@@ -615,7 +635,10 @@ class Chaos:
         text = copy.log_path.read_text(errors="replace")
         if code == 0 or "running from another database" not in text:
             raise RuntimeError(f"the copy exited {code} without the master's refusal; see {copy.log_path}")
-        return f"copy of {shard.name}'s database refused: exit {code}, 409 'running from another database'"
+        return (
+            f"copy of {shard.name}'s database ({startable} HQEs it could have started) refused: "
+            f"exit {code}, 409 'running from another database'"
+        )
 
     # The main loop.
 
