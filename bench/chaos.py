@@ -56,6 +56,8 @@ from tests.support import Role, drop_database, free_port, wait_until  # noqa: E4
 HEARTBEAT_S = 1.0
 MINUTE_S = 2.0
 TERMINAL = ("Completed", "Failed", "Aborted", "Expired")
+# How many findings of each kind the report lists (all are counted).
+SHOWN = 8
 # How many faults of each kind a full run makes; `--faults K` caps each kind at K.
 FAULT_COUNTS = {
     "master_kill": 5,
@@ -838,8 +840,10 @@ def print_report(chaos: Chaos, report: Report, stop_problems: list[str]) -> int:
     for key, title, items in sections:
         note = " (tolerated: --tolerate " + key + ")" if key in tolerated and items else ""
         say(f"  {title}: {len(items)}{note}")
-        for item in items[:20]:
+        for item in items[:SHOWN]:
             say(f"    - {item}")
+        if len(items) > SHOWN:
+            say(f"    - ... and {len(items) - SHOWN} more")
     say(f"  time: {chaos.elapsed():.0f} s")
     passed = len(chaos.faults) - len(failed_faults)
     say(
