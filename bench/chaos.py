@@ -34,25 +34,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import psycopg2
+import requests
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-DEFAULT_PG = "postgres://postgres@127.0.0.1:5432/postgres"
-if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
-    os.environ["DATABASE_URL"] = DEFAULT_PG
-os.environ.setdefault("FLEETSHARD_ROLE", "master")
-os.environ.setdefault("FLEETSHARD_DATA_DIR", tempfile.mkdtemp(prefix="fleetshard-chaos-settings-"))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "common.settings")
-
-import django  # noqa: E402
-
-django.setup()
-
-import psycopg2  # noqa: E402
-import requests  # noqa: E402
 
 from tests.shard.fleet import sql  # noqa: E402
 from tests.support import Role, drop_database, free_port, wait_until  # noqa: E402
 
+DEFAULT_PG = "postgres://postgres@127.0.0.1:5432/postgres"
 HEARTBEAT_S = 1.0
 MINUTE_S = 2.0
 TERMINAL = ("Completed", "Failed", "Aborted", "Expired")
@@ -76,6 +67,21 @@ SHARD_ENV = {
     "FLEETSHARD_REQUEST_TIMEOUT_S": "10",
     "FLEETSHARD_LOG_LEVEL": "INFO",
 }
+
+
+def configure_django() -> None:
+    """Django settings for this process, which only reach the PostgreSQL server (drop_database reads them).
+
+    Done in main(), not at import, so the tests can import the checks without touching their settings.
+    """
+    if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
+        os.environ["DATABASE_URL"] = DEFAULT_PG
+    os.environ.setdefault("FLEETSHARD_ROLE", "master")
+    os.environ.setdefault("FLEETSHARD_DATA_DIR", tempfile.mkdtemp(prefix="fleetshard-chaos-settings-"))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "common.settings")
+    import django
+
+    django.setup()
 
 
 def say(text: str) -> None:
@@ -875,6 +881,7 @@ def main() -> int:
         help="report this kind of finding but do not fail on it (a known defect fixed elsewhere)",
     )
     args = parser.parse_args()
+    configure_django()
     if args.hosts < 3:
         parser.error("--hosts must be at least 3: jobs with three HQEs need three hosts on one shard")
     if args.seed is None:
