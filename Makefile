@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: venv test lint demo screenshots clean
+.PHONY: venv test lint demo chaos screenshots clean
 
 venv: $(VENV)/.installed
 
@@ -28,6 +28,13 @@ screenshots: venv
 
 demo: venv
 	$(PY) scripts/demo.py
+
+# The chaos run (bench/chaos.py): 2,000 jobs through master, shard, database and network faults, on
+# PostgreSQL. CHAOS_ARGS="--jobs 200 --faults 1 --seed 7" scales it down or repeats a run.
+CHAOS_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
+CHAOS_ARGS ?=
+chaos: venv
+	DATABASE_URL=$(CHAOS_DATABASE_URL) $(PY) bench/chaos.py $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) var

@@ -163,7 +163,7 @@ class Command(BaseCommand):
         """Waits until the master accepts this instance; False when told to stop first.
 
         Until then the shard touches no run, process or host: not even crash recovery, since
-        another live instance of this shard may own what looks abandoned (DESIGN.md, "Shard instances").
+        another live instance of this shard may own what looks abandoned (docs/protocol.md, "Shard instances").
         """
         if not client.accepted.is_set():
             log.info("waiting for the master to accept this shard instance before touching any run or host")
