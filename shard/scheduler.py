@@ -16,7 +16,8 @@ from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
-from django.db import DatabaseError
+from django.db import Error as DatabaseFailure
+from django.db import close_old_connections
 from django.utils import timezone
 
 from common.constants import FailureClass, HostStatus, HQEStatus
@@ -136,9 +137,11 @@ class Scheduler:
         for phase in phases:
             try:
                 phase()
-            except DatabaseError as exc:
-                # A lock timeout or deadlock victim: nothing was half-done; the next tick retries.
+            except DatabaseFailure as exc:
+                # A lock timeout, a deadlock victim or a lost connection: nothing was half-done. A
+                # broken connection is dropped so the next phase reconnects; the next tick retries.
                 log.warning("scheduler %s: database error, retrying next tick: %s", phase.__name__, exc)
+                close_old_connections()
             except Exception:
                 # A bug or a bad record must cost one phase of one tick, never the loop: the runs
                 # already started are still watched by the phases after this one.
@@ -350,7 +353,7 @@ class Scheduler:
                     "id", flat=True
                 )
             )
-        except DatabaseError as exc:
+        except DatabaseFailure as exc:
             # Timeouts, a shutdown's signals and the runs' ends must not wait for the database.
             log.warning("cannot read which jobs were aborted (%s): watching the runs regardless", exc)
             aborted = set()

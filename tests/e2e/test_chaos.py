@@ -26,18 +26,13 @@ def server_url() -> str:
     return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/postgres"
 
 
-# On this branch the scheduler lets a job with three HQEs reuse a host (DESIGN.md: never); the chaos run
-# finds it every time. Branch exec fixes it (eddc41a, "distinct hosts per job"): drop this once merged.
-KNOWN_DEFECTS = ["--tolerate", "host-reuse"]
-
-
 @pytest.mark.timeout(330)
 def test_small_chaos_run_loses_nothing_and_runs_nothing_twice(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETSHARD_")}
     env["DATABASE_URL"] = server_url()
     proc = subprocess.run(
         [sys.executable, "bench/chaos.py", "--jobs", "200", "--faults", "1", "--seed", "20261123"]
-        + ["--data-dir", str(tmp_path / "chaos"), "--settle-s", "120", "--max-minutes", "4.5", *KNOWN_DEFECTS],
+        + ["--data-dir", str(tmp_path / "chaos"), "--settle-s", "120", "--max-minutes", "4.5"],
         cwd=ROOT,
         env=env,
         capture_output=True,
