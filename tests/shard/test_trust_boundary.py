@@ -88,7 +88,9 @@ def test_transition_hqe_cleans_any_log_tail_it_is_given(world):
 
 
 def test_a_host_whose_attributes_are_not_an_object_fails_its_hqe_and_nothing_else(world):
-    bad = world.host("bad", ("board:b",), attributes=["not", "an", "object"])  # type: ignore[arg-type]
+    bad = world.host("bad", ("board:b",))
+    # The wire refuses such a record; a database written by an older master may still hold one.
+    Host.objects.filter(id=bad).update(attributes=["not", "an", "object"])
     good = world.host("good", ("board:a",))
     on_bad = world.job("true", host=bad)
     on_good = world.job("true", meta_host="board:a")
