@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-from tests.support import ROOT
+from tests.support import ROOT, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +78,13 @@ def test_faults_scale_down_to_one_of_each_kind(chaos, tmp_path, faults, total):
 def test_a_leftover_job_process_is_found_by_its_mark(chaos):
     proc = subprocess.Popen(["/bin/sh", "-c", f": {chaos.process_mark('t3')}; sleep 30; exit 0"])
     try:
-        found = chaos.leftover_processes("t3")
-        assert any(f"pid {proc.pid}:" in line for line in found), found
+        # Under load the child may not have exec'd its shell yet: give it a moment.
+        found = wait_until(
+            lambda: [line for line in chaos.leftover_processes("t3") if f"pid {proc.pid}:" in line],
+            timeout=10,
+            what="the marked process to show",
+        )
+        assert found
         assert chaos.leftover_processes("t4") == []
     finally:
         proc.kill()
