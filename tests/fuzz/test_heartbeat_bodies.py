@@ -270,6 +270,8 @@ def cases(draw: st.DrawFn, world: World) -> Case:
                     }
                 ),
                 max_size=5,
+                # A sound body lists each host and job once; a rough one may list one twice (a 400).
+                unique_by=None if rough else (lambda entry: entry["id"]),
             )
         ),
         "known_jobs": draw(
@@ -281,6 +283,8 @@ def cases(draw: st.DrawFn, world: World) -> Case:
                     }
                 ),
                 max_size=5,
+                # A sound body lists each host and job once; a rough one may list one twice (a 400).
+                unique_by=None if rough else (lambda entry: entry["id"]),
             )
         ),
         "updates": draw(updates(world, rough)),
@@ -374,6 +378,19 @@ def check_invariants(case: Case, acting: Shard, before: Any, after: Any, acks: l
             assert after["shard"][shard_id] == old, ("another shard's row changed", old)
 
 
+def check_answer(case: Case, acting: Shard, after: Any, payload: dict[str, Any]) -> None:
+    """A 200 tells a shard only about its own hosts and jobs, and removes only hosts it said it knew."""
+    for host in payload["hosts"]:
+        assert after["host"][host["id"]]["shard_id"] == acting.id, ("another shard's host was sent", host["id"])
+    for job in payload["jobs"]:
+        assert after["job"][job["id"]]["shard_id"] == acting.id, ("another shard's job was sent", job["id"])
+    known = {h["id"] for h in case.body["known_hosts"]}
+    for host_id in payload["removed_host_ids"]:
+        assert host_id in known, ("a host the shard did not know was removed", host_id)
+        row = after["host"].get(host_id)
+        assert row is None or row["shard_id"] != acting.id, ("one of the shard's own hosts was removed", host_id)
+
+
 def run_case(client: Client, world: World, case: Case) -> None:
     """Posts one case and checks its answer; raises AssertionError (or what the server raised) on a defect."""
     if case.silent:
@@ -394,7 +411,15 @@ def run_case(client: Client, world: World, case: Case) -> None:
         return
     acting = Shard.objects.get(hostname=case.body["shard"])
     assert world.tokens[acting.hostname] == case.token, "a 200 for a token of another shard"
-    check_invariants(case, acting, before, _rows(), payload["acks"])
+    after = _rows()
+    check_invariants(case, acting, before, after, payload["acks"])
+    check_answer(case, acting, after, payload)
+    # A lost response: the shard sends the same request again, and nothing applies twice.
+    again = client.post("/api/v1/heartbeat", data=case.raw, content_type="application/json", **headers)
+    assert again.status_code == 200, ("the same request again", again.status_code, again.content[:500])
+    replayed = _rows()
+    for kind in ("hqe", "host", "job"):
+        assert replayed[kind] == after[kind], f"the same request applied again changed a {kind}"
     tally.HEARTBEAT.accepted_updates += sum(a["result"] == "accepted" for a in payload["acks"])
 
 
