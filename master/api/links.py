@@ -22,7 +22,10 @@ def _link_name(operation_id: str) -> str:
 def add_links(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
     """Adds each creating operation's 201 links; missing operations are skipped (the schema evolves)."""
     operations = {
-        op["operationId"]: op for path in result.get("paths", {}).values() for op in path.values() if "operationId" in op
+        op["operationId"]: op
+        for path in result.get("paths", {}).values()
+        for op in path.values()
+        if "operationId" in op
     }
     for source, pointer, parameter, targets in _LINKS:
         created = operations.get(source, {}).get("responses", {}).get("201")
