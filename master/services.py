@@ -20,6 +20,11 @@ from common.tokens import issue_token
 from master.assignment import HQESpec, route_job, shard_for_labels
 
 _NAME_RE = re.compile(r"^[^\s,*]+$")
+# Found by fuzzing (tests/fuzz/test_regressions.py): int() takes '1_0' and '٣', and a count or a
+# priority of any size reached the database (a 5xx) or made a job of 100,000 HQEs.
+_ASCII_INTEGER_RE = re.compile(r"[+-]?[0-9]+")
+_PRIORITY_MAX = 2**31 - 1
+MAX_HQES_PER_JOB = 500
 
 
 def _check_names(kind: str, names: Sequence[str]) -> list[str]:
@@ -266,17 +271,20 @@ def delete_shards(hostnames: Sequence[str]) -> None:
 
 def parse_priority(value: str | int) -> int:
     if isinstance(value, int):
-        return value
-    text = str(value).strip().lower()
-    if text in PRIORITY_NAMES:
-        return PRIORITY_NAMES[text]
-    try:
-        return int(text)
-    except ValueError:
-        names = ", ".join(f"{k}={v}" for k, v in PRIORITY_NAMES.items())
+        number = value
+    else:
+        text = str(value).strip().lower()
+        if text in PRIORITY_NAMES:
+            return PRIORITY_NAMES[text]
+        if not _ASCII_INTEGER_RE.fullmatch(text):
+            names = ", ".join(f"{k}={v}" for k, v in PRIORITY_NAMES.items())
+            raise FleetshardError(f"invalid priority {value!r}: use an integer or one of {names}", field="priority")
+        number = int(text) if len(text) <= 20 else 2**63  # longer is out of range anyway (and int() is slow)
+    if abs(number) > _PRIORITY_MAX:
         raise FleetshardError(
-            f"invalid priority {value!r}: use an integer or one of {names}", field="priority"
-        ) from None
+            f"invalid priority {value!r}: it must be between -{_PRIORITY_MAX} and {_PRIORITY_MAX}", field="priority"
+        )
+    return number
 
 
 @dataclass
@@ -301,12 +309,12 @@ def parse_meta_hosts(text: str) -> list[tuple[str, int]]:
         if not item:
             continue
         name, star, count = item.partition("*")
-        try:
-            n = int(count) if star else 1
-        except ValueError:
+        if star and not (count.isascii() and count.isdigit()):
             raise FleetshardError(
-                f"invalid meta-host {item!r}: the count after '*' must be an integer", field="meta_hosts"
-            ) from None
+                f"invalid meta-host {item!r}: the count after '*' must be a whole number in ASCII digits",
+                field="meta_hosts",
+            )
+        n = (int(count) if len(count) <= 20 else 2**63) if star else 1  # longer is over MAX_HQES_PER_JOB anyway
         result.append((name, n))
     return result
 
@@ -338,6 +346,12 @@ def create_job(req: JobRequest) -> Job:
         parent = Job.objects.filter(id=req.parent_id).first()
         if parent is None:
             raise NotFound(f"unknown parent job {req.parent_id}", field="parent")
+    wanted = sum(count for _, count in req.meta_hosts) + len(req.hosts)
+    if wanted > MAX_HQES_PER_JOB:
+        raise FleetshardError(
+            f"a job may have at most {MAX_HQES_PER_JOB} host queue entries; this one asks for {wanted}",
+            field="meta_hosts",
+        )
     deps = get_labels(req.dependency_labels) if req.dependency_labels else []
     specs: list[HQESpec] = []
     if req.hosts:

@@ -220,7 +220,9 @@ class PriorityField(serializers.Field):
         if isinstance(data, str):
             _storable(data)
             text = data.strip()
-            if text.lstrip("+-").isdigit() and abs(int(text)) > INT32_MAX:
+            digits = text.lstrip("+-")
+            # ASCII only and the length first: int() raises on '²' and on over 4300 digits (a 500).
+            if digits.isascii() and digits.isdigit() and (len(digits) > 10 or abs(int(text)) > INT32_MAX):
                 raise serializers.ValidationError(f"must be between {-INT32_MAX} and {INT32_MAX}")
         return data
 
