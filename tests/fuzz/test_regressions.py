@@ -65,3 +65,12 @@ def test_a_meta_host_count_too_large_or_not_in_ascii_digits_is_a_400(fleet: Flee
     assert resp.status_code == 400, resp.content
     assert resp.json()["detail"]["field"] == "meta_hosts"
     assert database_checksum() == before
+
+
+@pytest.mark.parametrize("method, path", [("get", "/api/v1/jobs/³/"), ("post", "/api/v1/jobs/³/abort/")])
+def test_a_job_id_in_other_digits_is_a_404(fleet: Fleet, method: str, path: str) -> None:
+    """Found by `make fuzz` (schemathesis, POST /api/v1/jobs/{id}/abort/): '³'.isdigit() is true but int('³')
+    raises, so the id '³' was a 500. master/api/views.py (JobViewSet.get_object; REST, another branch)."""
+    staff = client_for(services.create_personal_token("boss", admin=True)[1])
+    resp = getattr(staff, method)(path)
+    assert resp.status_code == 404, resp.content
