@@ -25,6 +25,7 @@ def test_shard_create_prints_a_token_that_heartbeats(cli, server, fleet):
     body = {
         "protocol": PROTOCOL_VERSION,
         "shard": "lab3.example.com",
+        "instance": "5f0c7a2e-8d1b-4c3e-9a77-2b6f1d0e4c11",  # required since shard instances (docs/protocol.md)
         "client_version": "test",
         "known_hosts": [],
         "known_jobs": [],
