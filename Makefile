@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: venv test lint demo chaos screenshots clean
+.PHONY: venv test lint fuzz demo chaos screenshots clean
 
 venv: $(VENV)/.installed
 
@@ -17,6 +17,16 @@ $(VENV)/.installed: pyproject.toml
 test: venv
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Long, randomised fuzzing (README, "Tests"): FUZZ_CASES whole heartbeat bodies against the real endpoint
+# and FUZZ_REST_CASES generated requests per REST operation (plus schemathesis' coverage phase, linked
+# sequences and the CLI's bodies). Prints the cases run and the failures of each suite. `make test`
+# runs the same suites short and derandomised.
+FUZZ_CASES ?= 2000
+FUZZ_REST_CASES ?= 100
+fuzz: venv
+	FLEETSHARD_FUZZ_CASES=$(FUZZ_CASES) FLEETSHARD_FUZZ_REST_CASES=$(FUZZ_REST_CASES) FLEETSHARD_FUZZ_RANDOM=1 \
+		$(PY) -m pytest tests/fuzz --timeout=3600 -q -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .

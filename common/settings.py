@@ -115,6 +115,10 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     # Operation ids stay `hosts_list` and friends even with endpoints outside /api/v1/ (/metrics).
     "SCHEMA_PATH_PREFIX": r"/api/v1",
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "master.api.links.add_links",
+    ],
     "ENUM_NAME_OVERRIDES": {
         "HostStatusEnum": "common.constants.HostStatus.ALL",
         "JobStatusEnum": "common.constants.JobStatus.ALL",

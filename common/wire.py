@@ -361,8 +361,8 @@ class HeartbeatRequest:
             shard=f.text("shard", MAX_NAME_CHARS, default=None, empty=False),
             instance=instance,
             client_version=f.text("client_version", MAX_VERSION_CHARS, default=""),
-            known_hosts=f.each("known_hosts", KnownHost.parse),
-            known_jobs=f.each("known_jobs", KnownJob.parse),
+            known_hosts=_listed_once("known_hosts", "host", f.each("known_hosts", KnownHost.parse)),
+            known_jobs=_listed_once("known_jobs", "job", f.each("known_jobs", KnownJob.parse)),
             updates=_parse_updates(updates),
         )
 
@@ -376,6 +376,20 @@ class HeartbeatRequest:
             "known_jobs": [j.to_wire() for j in self.known_jobs],
             "updates": [u.to_wire() for u in self.updates if isinstance(u, Update)],
         }
+
+
+K = TypeVar("K", KnownHost, KnownJob)
+
+
+def _listed_once(key: str, kind: str, records: list[K]) -> list[K]:
+    """A shard holds each host and job once: an id listed twice (two statuses for one host, applied in no
+    defined order) is the body's fault, a 400 naming the second one."""
+    seen: set[int] = set()
+    for i, record in enumerate(records):
+        if record.id in seen:
+            raise WireError(f"{key}[{i}].id", f"{kind} {record.id} is listed twice")
+        seen.add(record.id)
+    return records
 
 
 def check_protocol(f: _Fields) -> None:

@@ -312,7 +312,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
 
     def get_object(self) -> Job:
         raw = _path_name(self.kwargs["id"], "job")
-        job = self.get_queryset().filter(id=int(raw)).first() if raw.isdigit() and len(raw) < 19 else None
+        # ASCII digits only: '³'.isdigit() is true but int('³') raises (a 500, found by fuzzing).
+        digits = raw.isascii() and raw.isdigit() and len(raw) < 19
+        job = self.get_queryset().filter(id=int(raw)).first() if digits else None
         if job is None:
             raise NotFound(f"unknown job {raw}", field="id")
         return self._object(job)
