@@ -322,3 +322,31 @@ def test_another_executor_plugs_in_without_touching_the_scheduler(tmp_path, db, 
     world.run_until(lambda: world.finished(job), what="the job")
     assert world.hqe(job).status == "Completed"
     assert world.hqe(job).log_tail.splitlines()[:2] == ["via TaggingExecutor", "payload"]
+
+
+@pytest.mark.postgres_only(reason="terminates the test's own PostgreSQL connection (pg_terminate_backend)")
+def test_a_lost_database_connection_costs_one_phase_and_the_tick_goes_on(transactional_db, tmp_path, caplog):
+    """Found by the chaos run: after a terminated connection every later phase of the tick failed with
+    Django's InterfaceError ("connection already closed") until the next tick."""
+    import psycopg2
+    from django.db import connection
+
+    world = ShardWorld(tmp_path)
+    try:
+        world.host("h1", ("board:a",))
+        job = world.job("true", meta_host="board:a")
+        params = connection.get_connection_params()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            (pid,) = cursor.fetchone()
+        killer = psycopg2.connect(**params)
+        killer.autocommit = True
+        with killer.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+        killer.close()
+        world.scheduler.tick()
+        assert "InterfaceError" not in caplog.text and "connection already closed" not in caplog.text
+        assert world.hqe(job).status in ("Starting", "Running", "Completed"), "the same tick started the job"
+        world.run_until(lambda: world.finished(job), what="the job")
+    finally:
+        world.stop()
