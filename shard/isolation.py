@@ -142,9 +142,13 @@ def make_traversable(results_root: Path, user: JobUser | None) -> None:
     """
     results_root.mkdir(parents=True, exist_ok=True)
     results_root.chmod(0o711)
-    if user is None:
-        return
-    for parent in results_root.parents:
+    if user is not None:
+        _let_pass(results_root, user)
+
+
+def _let_pass(path: Path, user: JobUser) -> None:
+    """Adds o+x to each directory above `path` that the job user cannot pass through."""
+    for parent in path.parents:
         info = parent.stat()
         if info.st_uid == user.uid:
             can_pass = bool(info.st_mode & stat.S_IXUSR)
@@ -153,13 +157,19 @@ def make_traversable(results_root: Path, user: JobUser | None) -> None:
         else:
             can_pass = bool(info.st_mode & stat.S_IXOTH)
         if not can_pass:
-            log.warning("%s: adding o+x so job user %s reaches the results root %s", parent, user.name, results_root)
+            log.warning("%s: adding o+x so job user %s reaches %s", parent, user.name, path)
             parent.chmod(stat.S_IMODE(info.st_mode) | stat.S_IXOTH)
 
 
 def give_to(path: Path, user: JobUser | None) -> None:
-    """A fresh run or host-command directory becomes the job user's, private to it (0700)."""
+    """A fresh run or host-command directory becomes the job user's, private to it (0700).
+
+    The directories above are checked again for each run: a parent someone tightened since the
+    shard started (a 0700 temp dir) would otherwise leave the job unable to reach its own directory
+    by its absolute path, and its writes there would fail without a word.
+    """
     if user is None:
         return
     os.chown(path, user.uid, user.gid)
     path.chmod(0o700)
+    _let_pass(path, user)

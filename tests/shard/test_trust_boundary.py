@@ -175,6 +175,22 @@ def test_as_root_jobs_run_as_the_job_user_in_a_results_dir_of_their_own(tmp_path
     assert Path(hqe.results_dir, "mine").stat().st_uid == user.uid
 
 
+@as_root
+def test_a_parent_tightened_after_start_is_opened_again_for_the_next_run(tmp_path, db, request):
+    """Found by the suite under load: another pytest session made /tmp/pytest-of-root 0700 again while
+    a shard ran, and its jobs' writes to $FLEETSHARD_RESULTS_DIR failed without a word."""
+    user = resolve_job_user("nobody")
+    assert user is not None
+    world = make_world(tmp_path, request, job_user=user)
+    make_traversable(world.config.results_root, user)
+    world.host("h1", ("board:a",))
+    tmp_path.chmod(0o700)
+    job = world.job('echo hi > "$FLEETSHARD_RESULTS_DIR/out"', meta_host="board:a")
+    world.run_until(lambda: world.finished(job), what="the job")
+    assert world.hqe(job).status == "Completed", world.hqe(job).log_tail
+    assert Path(world.hqe(job).results_dir, "out").read_text() == "hi\n"
+
+
 # Finding 4: every process of a run is tracked and killed.
 
 
