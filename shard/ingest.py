@@ -72,13 +72,19 @@ def drop_idle_retired_hosts() -> int:
     return deleted
 
 
+def retired_name(hostname: str, host_id: int) -> str:
+    """The name a retired host gives up its own for: unique by its id (a name may be reused twice while
+    both old hosts are busy) and within the column's 255 characters (a long name plus a suffix is not)."""
+    suffix = f"~retired~{host_id}"
+    return hostname[: 255 - len(suffix)] + suffix
+
+
 def _upsert_hosts(hosts: list[HostRecord]) -> None:
     labels = _labels({name for h in hosts for name in h.labels})
     for data in hosts:
         # A retired host may still hold the hostname that the master gave to a new host.
-        Host.objects.filter(hostname=data.hostname, retired=True).exclude(id=data.id).update(
-            hostname=f"{data.hostname}~retired"
-        )
+        for old in Host.objects.filter(hostname=data.hostname, retired=True).exclude(id=data.id):
+            Host.objects.filter(id=old.id).update(hostname=retired_name(old.hostname, old.id))
         host, _ = Host.objects.update_or_create(
             id=data.id,
             defaults={
