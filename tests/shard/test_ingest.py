@@ -188,3 +188,24 @@ def test_a_hostname_reused_twice_while_its_old_hosts_are_busy(db):
     assert hosts[14] == name
     assert len(set(hosts.values())) == 3 and all(len(h) <= 255 for h in hosts.values())
     assert Host.objects.filter(retired=True).count() == 2
+
+
+def test_a_record_the_database_refuses_costs_only_itself(db):
+    """A (buggy or hostile) master's host named like another held host, or a job whose HQE id another
+    job has, used to roll back the whole answer: every heartbeat failed and nothing else arrived."""
+    apply_wire(response(hosts=[host_wire(12, hostname="dut")], jobs=[job_wire(100)]))
+    clash = job_wire(101, hqes=[{"id": 500, "host_id": None, "meta_host": "board:pixel7"}])  # 500 is job 100's
+    result = apply_wire(
+        response(
+            hosts=[host_wire(13, hostname="dut"), host_wire(14)],
+            jobs=[clash, job_wire(102, aborted=True)],
+            acks=[],
+        )
+    )
+    assert result.hosts == 2
+    assert sorted(Host.objects.values_list("id", flat=True)) == [12, 14]
+    assert sorted(Job.objects.values_list("id", flat=True)) == [100, 102]
+    assert HostQueueEntry.objects.get(id=500).job_id == 100
+    assert HostQueueEntry.objects.get(id=510).status == "Aborted"
+    # The refused job is not held, so the master sends it again.
+    assert 101 not in [j["id"] for j in known_jobs()]
