@@ -352,3 +352,18 @@ def test_a_shard_of_the_jobs_own_user_hides_its_environment_from_them(mode, expe
         [python, "-c", HIDING_PARENT, mode], env=env, user="nobody", capture_output=True, text=True, cwd="/"
     )
     assert parent.stdout.strip() == expected, parent.stderr
+
+
+def test_a_run_directory_dated_in_the_future_by_its_job_is_still_removed(tmp_path):
+    """A job may `touch -d 2099-01-01` its directory and files: an mtime in the future used to keep
+    the run forever past the retention. A change time cannot be set, and a later mtime than it is a lie."""
+    root = tmp_path / "results"
+    run = root / "7" / "1-h1"
+    run.mkdir(parents=True)
+    (run / "job.log").write_text("output")
+    (run / "cleanup.log").write_text("mine")
+    future = time.time() + 80 * 365 * 86400
+    for path in (run / "job.log", run / "cleanup.log", run):
+        os.utime(path, (future, future))
+    assert remove_old_results(root, time.time() + 60, set()) == 1
+    assert not run.exists()
