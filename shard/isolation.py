@@ -163,3 +163,14 @@ def give_to(path: Path, user: JobUser | None) -> None:
         return
     os.chown(path, user.uid, user.gid)
     path.chmod(0o700)
+
+
+def take_back(path: Path) -> None:
+    """An ended run's directory becomes the shard's again (0700): every job runs as the same job user,
+    so a later job could otherwise read, change or delete what an earlier one left (its results, its
+    log). The directory itself is the shard's to change: its parent is the shard's (0711)."""
+    try:
+        os.lchown(path, os.geteuid(), os.getegid())
+        os.chmod(path, 0o700, follow_symlinks=False)
+    except OSError as exc:
+        log.warning("%s: cannot take the ended run's directory back from the job user: %s", path, exc)
