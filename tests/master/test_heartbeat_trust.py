@@ -127,6 +127,28 @@ def test_update_naming_another_shards_host_is_rejected_even_when_listed_as_known
     services.delete_hosts(["b1"])
 
 
+def test_a_shard_cannot_run_two_hqes_of_a_job_on_one_host(fleet, heartbeat):
+    """A meta-host job's N HQEs run on N different hosts: a buggy or hostile shard that reports a
+    second HQE of the job on a host another one already has used to be believed."""
+    first, second, third = fleet.job(meta_hosts=[("board:a", 3)]).hqes.order_by("id")
+    a1, a2 = Host.objects.get(hostname="a1"), Host.objects.get(hostname="a2")
+    resp = heartbeat(
+        fleet.lab1,
+        fleet.token1,
+        updates=[
+            update(1, first, "Running", host=a1.id),
+            update(2, second, "Running", host=a1.id),
+            update(3, third, "Running", host=a2.id),
+        ],
+    )
+    assert [a["result"] for a in resp["acks"]] == ["accepted", "rejected", "accepted"]
+    assert "already" in resp["acks"][1]["error"] and f"host {a1.id}" in resp["acks"][1]["error"]
+    resp = heartbeat(fleet.lab1, fleet.token1, updates=[update(4, second, "Completed", host=a2.id)])
+    assert resp["acks"] == [{"seq": 4, "result": "accepted"}], "an end is never refused for its host"
+    rows = dict(HostQueueEntry.objects.filter(job=first.job).values_list("id", "host_id"))
+    assert rows == {first.id: a1.id, second.id: None, third.id: a2.id}
+
+
 def test_an_hqes_end_is_never_refused_for_its_host(fleet, heartbeat):
     hqe = fleet.job().hqes.get()
     a1 = Host.objects.get(hostname="a1")
