@@ -28,12 +28,13 @@ SEQ = count(1)
 def report(heartbeat: Any, fleet: Any, job: Job, status: str, **extra: Any) -> None:
     """What the job's shard would send: one update per HQE, through the real heartbeat endpoint."""
     shard, token = (fleet.lab1, fleet.token1) if job.shard_id == fleet.lab1.id else (fleet.lab2, fleet.token2)
-    host = Host.objects.filter(shard=shard).order_by("id").first()
+    # A job never uses a host twice: its HQEs run on the shard's hosts in turn.
+    hosts = list(Host.objects.filter(shard=shard).order_by("id"))
     stamp = "started_on" if status == "Running" else "finished_on"
     updates = [
-        {"seq": next(SEQ), "hqe": hqe.id, "job": job.id, "status": status, "host": host.id,
+        {"seq": next(SEQ), "hqe": hqe.id, "job": job.id, "status": status, "host": hosts[i].id,
          stamp: "2026-11-22T10:00:00Z", **extra}
-        for hqe in HostQueueEntry.objects.filter(job=job)
+        for i, hqe in enumerate(HostQueueEntry.objects.filter(job=job).order_by("id"))
     ]  # fmt: skip
     acks = heartbeat(shard, token, updates=updates)["acks"]
     assert all(a["result"] == "accepted" for a in acks), acks
