@@ -161,6 +161,21 @@ def test_job_stat_shows_the_log_tail_of_a_failed_run_and_lists_leave_it_out(cli,
     assert "log_tail" not in listed[0]["hqes"][0]
 
 
+def test_job_output_and_names_cannot_drive_the_operators_terminal(cli, fleet):
+    """A job's output (and a job's free-text name and command) went to the terminal verbatim: a hostile
+    job could print escape sequences (clear the screen, retitle it, OSC 52 into the clipboard) at
+    whoever ran `fleetshard job stat`. Control characters are shown escaped; --json was always safe."""
+    job = fleet.job("\x1b[2Jname\u202e")
+    tail = "ok\n\x1b]52;c;cm0gLXJmIH4K\x07\x1b[31mred\x9b\rfake\n"
+    job.hqes.update(status="Failed", failure="test", exit_code=3, log_tail=tail)
+    for args in (("job", "stat", str(job.id)), ("job", "list")):
+        out = ok(cli(*args)).stdout
+        assert not any(c in out for c in "\x1b\x07\x9b\r\u202e"), repr(out)
+    out = ok(cli("job", "stat", str(job.id))).stdout
+    assert "\\x1b]52;c;cm0gLXJmIH4K\\x07\\x1b[31mred" in out and "\\x1b[2Jname\\u202e" in out
+    assert json.loads(ok(cli("job", "stat", str(job.id), "--json")).stdout)["hqes"][0]["log_tail"] == tail
+
+
 def test_job_abort_by_owner_and_staff(cli, server, fleet):
     mine = fleet.job("mine")  # owner ana
     other = fleet.job("other")
