@@ -171,6 +171,7 @@ def take_back(path: Path) -> None:
     log). The directory itself is the shard's to change: its parent is the shard's (0711)."""
     try:
         os.lchown(path, os.geteuid(), os.getegid())
-        os.chmod(path, 0o700, follow_symlinks=False)
+        if stat.S_ISDIR(path.lstat().st_mode):
+            path.chmod(0o700)
     except OSError as exc:
         log.warning("%s: cannot take the ended run's directory back from the job user: %s", path, exc)
