@@ -12,7 +12,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Prefetch, Q
+from django.db.models import Exists, F, OuterRef, Prefetch, Q
 from django.utils import timezone
 
 from common.bulk import bulk_set
@@ -231,7 +231,19 @@ def process_heartbeat(shard_id: int, req: HeartbeatRequest) -> HeartbeatResponse
         _adopt(shard, req.instance, now)
     known_hosts = {h.id: h.version for h in req.known_hosts}
     known_jobs = {j.id: j.version for j in req.known_jobs}
-    hosts = {row[0]: row for row in Host.objects.filter(shard=shard).values_list("id", "version", "status")}
+    # A host that came from another shard while that shard ran a job on it waits until the job ends:
+    # sent now it would be a Ready host here, and the device would run two jobs at once.
+    running_elsewhere = Exists(
+        HostQueueEntry.objects.filter(
+            host_id=OuterRef("id"), status__in=(HQEStatus.STARTING, HQEStatus.RUNNING)
+        ).exclude(job__shard=shard)
+    )
+    hosts = {
+        row[0]: row
+        for row in Host.objects.filter(shard=shard)
+        .annotate(elsewhere=running_elsewhere)
+        .values_list("id", "version", "status", "elsewhere")
+    }
 
     acks, applied = _apply_updates(shard, req.updates, set(hosts))
 
@@ -240,7 +252,9 @@ def process_heartbeat(shard_id: int, req: HeartbeatRequest) -> HeartbeatResponse
     ]
     bulk_set(Host, status_rows, ["status"])
 
-    send_host_ids = sorted(i for i, (_, version, _) in hosts.items() if known_hosts.get(i, 0) < version)
+    send_host_ids = sorted(
+        i for i, (_, version, _, elsewhere) in hosts.items() if known_hosts.get(i, 0) < version and not elsewhere
+    )
     removed_host_ids = sorted(h.id for h in req.known_hosts if h.id not in hosts)
     more = len(send_host_ids) > MAX_HOSTS_PER_RESPONSE
     send_host_ids = send_host_ids[:MAX_HOSTS_PER_RESPONSE]
