@@ -159,6 +159,7 @@ def test_sigint_stops_at_once_even_when_every_query_fails(master_server, tmp_pat
 # The instance gate: nothing is touched before the master accepts this shard's instance.
 
 SEED = """
+from common.wire import HeartbeatResponse
 from shard.ingest import apply_response
 from shard.services import record_run, transition_hqe
 from shard.locks import shard_write
@@ -169,7 +170,7 @@ def job(job_id, hqe_id):
             "command": "true", "timeout_mins": 1440, "max_runtime_mins": 60, "dependency_labels": [],
             "keyvals": {}, "parent_id": None, "aborted": False, "created_on": None,
             "hqes": [{"id": hqe_id, "host_id": None, "meta_host": "board:gate"}]}
-apply_response({"hosts": [host], "jobs": [job(9001, 9001), job(9002, 9002)]})
+apply_response(HeartbeatResponse.parse({"protocol": 1, "hosts": [host], "jobs": [job(9001, 9001), job(9002, 9002)]}))
 # An HQE a dead shard process on this machine left Running: crash recovery would close it.
 import socket
 with shard_write():
