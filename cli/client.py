@@ -15,6 +15,12 @@ API_PREFIX = "/api/v1"
 class CliError(click.ClickException):
     """A failure the user can act on: printed as one line on stderr, exit status 1."""
 
+    def __init__(self, message: str) -> None:
+        # The master's messages quote what users gave it: shown, never acted on by the terminal.
+        from cli.output import printable
+
+        super().__init__(printable(message))
+
 
 def segment(name: str | int) -> str:
     """A name as one path segment: label names hold ':' and hostnames may hold anything but '/'."""

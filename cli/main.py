@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from cli.client import DEFAULT_SERVER, Api, CliError, segment
-from cli.output import emit_json, fields, names, plural, table, when, with_moves
+from cli.output import emit_json, fields, names, plural, printable, table, when, with_moves
 
 TERMINAL_JOB_STATUSES = ("Completed", "Failed", "Aborted", "Expired")
 HOST_STATUSES = ("Ready", "Running", "Cleaning", "Repairing", "Repair Failed")
@@ -33,7 +33,7 @@ class Run:
         if self.as_json:
             emit_json(data)
         else:
-            click.echo(text() if callable(text) else text)
+            click.echo(printable(text() if callable(text) else text))
 
 
 def action(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -1,12 +1,24 @@
 """What the command line prints: plain tables for people, JSON (`--json`) for scripts."""
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
 
 Column = tuple[str, str | Callable[[dict[str, Any]], Any]]
+
+# What a terminal acts on rather than shows: C0 controls but tab and newline, DEL, C1 controls (0x9b
+# is a CSI on its own) and the bidirectional overrides that make text read other than it is.
+_TERMINAL_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """`text` for a person's terminal: job output, job names and commands are anyone's, and an escape
+    sequence in them (clear the screen, retitle the window, OSC 52 into the clipboard) must show as
+    text, never act. `--json` needs none of this: json.dumps escapes them itself."""
+    return _TERMINAL_CONTROLS.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def when(key: str) -> Callable[[dict[str, Any]], str | None]:

@@ -10,6 +10,8 @@ MAX_JOBS_PER_RESPONSE: Final = 500
 MAX_HOSTS_PER_RESPONSE: Final = 2000
 MAX_BODY_BYTES: Final = 10 * 1024 * 1024
 LOG_TAIL_BYTES: Final = 16 * 1024
+# `/bin/sh -c COMMAND`: Linux execs no single argument over 32 pages (MAX_ARG_STRLEN, its NUL included).
+MAX_COMMAND_BYTES: Final = 128 * 1024 - 1
 OFFLINE_AFTER_INTERVALS: Final = 3
 
 

@@ -577,18 +577,26 @@ class HeartbeatResponse:
             not isinstance(interval, int | float) or isinstance(interval, bool) or not 0 < interval <= 3600
         ):
             raise f.fail("heartbeat_interval_s", f"expected seconds from 0 to 3600, got {_show(interval)}")
-        removed = f.items("removed_host_ids")
-        for i, host_id in enumerate(removed):
+        removed = []
+        for i, host_id in enumerate(f.items("removed_host_ids")):
             if not isinstance(host_id, int) or isinstance(host_id, bool) or not ID_MIN <= host_id <= ID_MAX:
-                raise WireError(f"removed_host_ids[{i}]", f"expected an id, got {_show(host_id)}")
-        suite = f.obj.get("suite_keyvals", {})
-        if not isinstance(suite, dict):
-            raise f.fail("suite_keyvals", "expected an object")
+                skipped.append(f"removed_host_ids[{i}]: expected an id, got {_show(host_id)}")
+            else:
+                removed.append(host_id)
+        hosts = _each_isolated(f, "hosts", HostRecord.parse, skipped)
+        suite_keyvals, bad_parents = _suite_keyvals(f, skipped)
+        jobs = []
+        for job in _each_isolated(f, "jobs", JobRecord.parse, skipped):
+            if str(job.parent_id) in bad_parents:
+                # Held without its suite's keyvals it would never be sent again: skipped, it comes again.
+                skipped.append(f"jobs: job {job.id}: the keyvals of its parent {job.parent_id} are malformed")
+            else:
+                jobs.append(job)
         return cls(
-            hosts=_each_isolated(f, "hosts", HostRecord.parse, skipped),
+            hosts=hosts,
             removed_host_ids=removed,
-            jobs=_each_isolated(f, "jobs", JobRecord.parse, skipped),
-            suite_keyvals={k: _Fields({"v": v}, f"suite_keyvals.{k}").scalars("v") for k, v in suite.items()},
+            jobs=jobs,
+            suite_keyvals=suite_keyvals,
             acks=_each_isolated(f, "acks", Ack.parse, skipped),
             more=f.boolean("more", default=False),
             heartbeat_interval_s=interval,
@@ -606,6 +614,23 @@ class HeartbeatResponse:
             "more": self.more,
             "heartbeat_interval_s": self.heartbeat_interval_s,
         }
+
+
+def _suite_keyvals(f: _Fields, skipped: list[str]) -> tuple[dict[str, dict[str, Any]], set[str]]:
+    """The parents' keyvals, each on its own: a malformed entry is skipped (with the jobs that need it),
+    never the whole answer (docs/protocol.md: a reader parses record by record)."""
+    suite = f.obj.get("suite_keyvals", {})
+    if not isinstance(suite, dict):
+        raise f.fail("suite_keyvals", "expected an object")
+    parsed: dict[str, dict[str, Any]] = {}
+    bad: set[str] = set()
+    for key, value in suite.items():
+        try:
+            parsed[key] = _Fields({"v": value}, f"suite_keyvals.{key}").scalars("v")
+        except WireError as exc:
+            skipped.append(str(exc))
+            bad.add(key)
+    return parsed, bad
 
 
 def _each_isolated(f: _Fields, key: str, parse: Callable[[_Fields], T], skipped: list[str]) -> list[T]:

@@ -12,7 +12,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Prefetch
+from django.db.models import Exists, F, OuterRef, Prefetch, Q
 from django.utils import timezone
 
 from common.bulk import bulk_set
@@ -57,8 +57,17 @@ class InstanceConflict(Exception):
         self.heard_s_ago = heard_s_ago
 
 
-def _apply_one(update: Update, hqe: dict[str, Any] | None, shard: Shard, shard_host_ids: set[int]) -> bool:
-    """Applies an update to the in-memory `hqe`; True if it changed, False for a duplicate."""
+def _apply_one(
+    update: Update,
+    hqe: dict[str, Any] | None,
+    shard: Shard,
+    shard_host_ids: set[int],
+    job_hosts: dict[int, dict[int, int]] | None = None,
+) -> bool:
+    """Applies an update to the in-memory `hqe`; True if it changed, False for a duplicate.
+
+    `job_hosts` maps each job to the hosts its HQEs name (host -> HQE id): a job never uses a host
+    twice (a meta-host job's N HQEs run on N hosts), whatever a shard reports."""
     if hqe is None:
         raise UpdateRejected(f"hqe {update.hqe} does not exist")
     if hqe["shard_id"] != shard.id:
@@ -78,24 +87,37 @@ def _apply_one(update: Update, hqe: dict[str, Any] | None, shard: Shard, shard_h
     if update.host is not None and update.host != hqe["host"]:
         # Only a host of this shard, or the one the HQE already names or ran on. An HQE ending is
         # never refused for its host (nothing may stay active because a host moved): the host is kept.
-        if update.host in shard_host_ids:
+        used = (job_hosts or {}).get(hqe["job_id"], {})
+        other = used.get(update.host)
+        if update.host in shard_host_ids and other in (None, hqe["id"]):
             changes["host"] = update.host
         elif update.status not in HQEStatus.TERMINAL:
+            if other not in (None, hqe["id"]):
+                raise UpdateRejected(f"job {hqe['job_id']} already has host {update.host} (hqe {other})")
             raise UpdateRejected(f"host {update.host} is not a host of shard {shard.hostname}")
+    if "host" in changes and job_hosts is not None:
+        used = job_hosts.setdefault(hqe["job_id"], {})
+        used.pop(hqe["host"], None)
+        used[changes["host"]] = hqe["id"]
     hqe.update(changes)
     return True
 
 
 def _apply_updates(shard: Shard, updates: list[Update | RejectedUpdate], host_ids: set[int]) -> tuple[list[Ack], int]:
     ids = {u.hqe for u in updates if isinstance(u, Update)}
-    hqes = {
-        row["id"]: row
-        for row in HostQueueEntry.objects.filter(id__in=ids).values(
-            "id", "job_id", "host_id", *[f for f in HQE_FIELDS if f != "host"], shard_id=F("job__shard_id")
-        )
-    }
-    for row in hqes.values():
+    # The updated HQEs, and in the same query the hosts their jobs' other HQEs name.
+    siblings = Q(job_id__in=HostQueueEntry.objects.filter(id__in=ids).values("job_id"), host_id__isnull=False)
+    rows = HostQueueEntry.objects.filter(Q(id__in=ids) | siblings).values(
+        "id", "job_id", "host_id", *[f for f in HQE_FIELDS if f != "host"], shard_id=F("job__shard_id")
+    )
+    hqes: dict[int, dict[str, Any]] = {}
+    job_hosts: dict[int, dict[int, int]] = {}
+    for row in rows:
         row["host"] = row.pop("host_id")
+        if row["host"] is not None:
+            job_hosts.setdefault(row["job_id"], {})[row["host"]] = row["id"]
+        if row["id"] in ids:
+            hqes[row["id"]] = row
     acks, changed, applied = [], set(), 0
     for update in updates:
         if isinstance(update, RejectedUpdate):
@@ -103,7 +125,7 @@ def _apply_updates(shard: Shard, updates: list[Update | RejectedUpdate], host_id
             continue
         hqe = hqes.get(update.hqe)
         try:
-            if _apply_one(update, hqe, shard, host_ids):
+            if _apply_one(update, hqe, shard, host_ids, job_hosts):
                 changed.add(update.hqe)
                 applied += 1
             acks.append(Ack(update.seq, "accepted"))
@@ -209,7 +231,19 @@ def process_heartbeat(shard_id: int, req: HeartbeatRequest) -> HeartbeatResponse
         _adopt(shard, req.instance, now)
     known_hosts = {h.id: h.version for h in req.known_hosts}
     known_jobs = {j.id: j.version for j in req.known_jobs}
-    hosts = {row[0]: row for row in Host.objects.filter(shard=shard).values_list("id", "version", "status")}
+    # A host that came from another shard while that shard ran a job on it waits until the job ends:
+    # sent now it would be a Ready host here, and the device would run two jobs at once.
+    running_elsewhere = Exists(
+        HostQueueEntry.objects.filter(
+            host_id=OuterRef("id"), status__in=(HQEStatus.STARTING, HQEStatus.RUNNING)
+        ).exclude(job__shard=shard)
+    )
+    hosts = {
+        row[0]: row
+        for row in Host.objects.filter(shard=shard)
+        .annotate(elsewhere=running_elsewhere)
+        .values_list("id", "version", "status", "elsewhere")
+    }
 
     acks, applied = _apply_updates(shard, req.updates, set(hosts))
 
@@ -218,7 +252,9 @@ def process_heartbeat(shard_id: int, req: HeartbeatRequest) -> HeartbeatResponse
     ]
     bulk_set(Host, status_rows, ["status"])
 
-    send_host_ids = sorted(i for i, (_, version, _) in hosts.items() if known_hosts.get(i, 0) < version)
+    send_host_ids = sorted(
+        i for i, (_, version, _, elsewhere) in hosts.items() if known_hosts.get(i, 0) < version and not elsewhere
+    )
     removed_host_ids = sorted(h.id for h in req.known_hosts if h.id not in hosts)
     more = len(send_host_ids) > MAX_HOSTS_PER_RESPONSE
     send_host_ids = send_host_ids[:MAX_HOSTS_PER_RESPONSE]

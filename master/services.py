@@ -13,7 +13,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from common.constants import PRIORITY_NAMES, HQEStatus, JobStatus
+from common.constants import MAX_COMMAND_BYTES, PRIORITY_NAMES, HQEStatus, JobStatus
 from common.errors import FleetshardError, NotFound, Refused
 from common.jobstatus import refresh_job_statuses
 from common.models import Host, HostQueueEntry, Job, Label, Shard, Token
@@ -476,9 +476,16 @@ def create_job(req: JobRequest) -> Job:
     name = _check_text("the job name", req.name, "name", max_length=255).strip()
     if not name:
         raise FleetshardError("a job needs a name", field="name")
-    _check_text("the command", req.command, "command", max_length=1024 * 1024)
+    _check_text("the command", req.command, "command", max_length=MAX_COMMAND_BYTES)
     if not req.command.strip():
         raise FleetshardError("a job needs a command", field="command")
+    if len(req.command.encode()) > MAX_COMMAND_BYTES:
+        # A longer one could never start anywhere (E2BIG), failing as infra and sending hosts to repair.
+        raise FleetshardError(
+            f"the command is {len(req.command.encode())} bytes in UTF-8; a shard runs at most "
+            f"{MAX_COMMAND_BYTES} bytes (/bin/sh -c takes no longer argument)",
+            field="command",
+        )
     if not req.owner:
         raise FleetshardError("a job needs an owner", field="owner")
     priority = parse_priority(req.priority)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from common.constants import LOG_TAIL_BYTES
 from common.wire import clean_text
-from shard.isolation import JobUser
+from shard.isolation import JobUser, take_back
 from shard.tracking import PROCESS_GROUP, Cgroup, Group, Tracker, detect, group_members
 
 DEFAULT_MAX_LOG_BYTES = 100 * 1024 * 1024
@@ -192,8 +192,17 @@ class LogCopier(threading.Thread):
 
 
 class LocalRun(RunHandle):
-    def __init__(self, proc: subprocess.Popen[bytes], group: Group, copier: LogCopier, log_fd: int) -> None:
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        group: Group,
+        copier: LogCopier,
+        log_fd: int,
+        workdir: Path | None = None,
+    ) -> None:
         self.proc = proc
+        # Given back to the shard once the run has ended (a job user's directory only).
+        self.workdir = workdir
         self.pid = proc.pid
         self.group = group
         self.copier = copier
@@ -239,6 +248,9 @@ class LocalRun(RunHandle):
             os.close(self.log_fd)
             self.closed = True
         self.group.remove()
+        if self.workdir is not None:
+            take_back(self.workdir)
+            self.workdir = None
 
 
 class LocalExecutor(Executor):
@@ -279,7 +291,7 @@ class LocalExecutor(Executor):
             group.started()
         copier = LogCopier(read_fd, log_fd, spec.max_log_bytes, spec.name or str(proc.pid))
         copier.start()
-        return LocalRun(proc, group, copier, log_fd)
+        return LocalRun(proc, group, copier, log_fd, spec.workdir if spec.user is not None else None)
 
     @staticmethod
     def _popen(spec: RunSpec, group: Group, stdout_fd: int) -> subprocess.Popen[bytes]:

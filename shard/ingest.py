@@ -7,10 +7,12 @@ large job holds the shard's lock only briefly.
 """
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-from django.db import transaction
+from django.db import DataError, IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -72,62 +74,90 @@ def drop_idle_retired_hosts() -> int:
     return deleted
 
 
+def retired_name(hostname: str, host_id: int) -> str:
+    """The name a retired host gives up its own for: unique by its id (a name may be reused twice while
+    both old hosts are busy) and within the column's 255 characters (a long name plus a suffix is not)."""
+    suffix = f"~retired~{host_id}"
+    return hostname[: 255 - len(suffix)] + suffix
+
+
+def _one_record(what: str, action: Callable[[], None]) -> bool:
+    """Applies one host or job in a savepoint: a record the database refuses (a hostname another held
+    host has, an HQE id another job has) is logged and skipped, never the whole answer. The shard
+    does not hold it, so the master sends it again."""
+    try:
+        with transaction.atomic():
+            action()
+    except (IntegrityError, DataError) as exc:
+        log.warning("skipped %s of the master's answer: the database refused it: %s", what, exc)
+        return False
+    return True
+
+
 def _upsert_hosts(hosts: list[HostRecord]) -> None:
     labels = _labels({name for h in hosts for name in h.labels})
     for data in hosts:
-        # A retired host may still hold the hostname that the master gave to a new host.
-        Host.objects.filter(hostname=data.hostname, retired=True).exclude(id=data.id).update(
-            hostname=f"{data.hostname}~retired"
-        )
-        host, _ = Host.objects.update_or_create(
-            id=data.id,
-            defaults={
-                "hostname": data.hostname,
-                "locked": data.locked,
-                "lock_reason": data.lock_reason,
-                "attributes": data.attributes,
-                "version": data.version,
-                "retired": False,
-            },
-        )
-        host.labels.set([labels[name] for name in data.labels])
+        _one_record(f"host {data.id} ({data.hostname})", partial(_upsert_host, data, labels))
 
 
-def _upsert_jobs(jobs: list[JobRecord], suite_keyvals: dict[str, dict[str, Any]]) -> None:
+def _upsert_host(data: HostRecord, labels: dict[str, Label]) -> None:
+    # A retired host may still hold the hostname that the master gave to a new host.
+    for old in Host.objects.filter(hostname=data.hostname, retired=True).exclude(id=data.id):
+        Host.objects.filter(id=old.id).update(hostname=retired_name(old.hostname, old.id))
+    host, _ = Host.objects.update_or_create(
+        id=data.id,
+        defaults={
+            "hostname": data.hostname,
+            "locked": data.locked,
+            "lock_reason": data.lock_reason,
+            "attributes": data.attributes,
+            "version": data.version,
+            "retired": False,
+        },
+    )
+    host.labels.set([labels[name] for name in data.labels])
+
+
+def _upsert_jobs(jobs: list[JobRecord], suite_keyvals: dict[str, dict[str, Any]]) -> list[JobRecord]:
+    """Stores the jobs; returns those stored (a job the database refuses is skipped alone)."""
     labels = _labels(
         {name for j in jobs for name in j.dependency_labels}
         | {h.meta_host for j in jobs for h in j.hqes if h.meta_host}
     )
-    for data in jobs:
-        job, created = Job.objects.update_or_create(
-            id=data.id,
-            defaults={
-                "name": data.name,
-                "owner": data.owner,
-                "priority": data.priority,
-                "command": data.command,
-                "timeout_mins": data.timeout_mins,
-                "max_runtime_mins": data.max_runtime_mins,
-                "keyvals": data.keyvals,
-                "parent_id": data.parent_id,
-                "suite_keyvals": suite_keyvals.get(str(data.parent_id), {}) if data.parent_id else {},
-                "aborted": data.aborted,
-                "version": data.version,
-                **({"created_on": data.created_on} if data.created_on else {}),
-            },
-        )
-        job.dependency_labels.set([labels[name] for name in data.dependency_labels])
-        if created:
-            HostQueueEntry.objects.bulk_create(
-                HostQueueEntry(
-                    id=h.id,
-                    job=job,
-                    host_id=h.host_id,
-                    meta_host=labels[h.meta_host] if h.meta_host else None,
-                )
-                for h in data.hqes
+    stored = [data for data in jobs if _one_record(f"job {data.id}", partial(_upsert_job, data, suite_keyvals, labels))]
+    _close_ended_elsewhere(stored)
+    return stored
+
+
+def _upsert_job(data: JobRecord, suite_keyvals: dict[str, dict[str, Any]], labels: dict[str, Label]) -> None:
+    job, created = Job.objects.update_or_create(
+        id=data.id,
+        defaults={
+            "name": data.name,
+            "owner": data.owner,
+            "priority": data.priority,
+            "command": data.command,
+            "timeout_mins": data.timeout_mins,
+            "max_runtime_mins": data.max_runtime_mins,
+            "keyvals": data.keyvals,
+            "parent_id": data.parent_id,
+            "suite_keyvals": suite_keyvals.get(str(data.parent_id), {}) if data.parent_id else {},
+            "aborted": data.aborted,
+            "version": data.version,
+            **({"created_on": data.created_on} if data.created_on else {}),
+        },
+    )
+    job.dependency_labels.set([labels[name] for name in data.dependency_labels])
+    if created:
+        HostQueueEntry.objects.bulk_create(
+            HostQueueEntry(
+                id=h.id,
+                job=job,
+                host_id=h.host_id,
+                meta_host=labels[h.meta_host] if h.meta_host else None,
             )
-    _close_ended_elsewhere(jobs)
+            for h in data.hqes
+        )
 
 
 def _close_ended_elsewhere(jobs: list[JobRecord]) -> None:
@@ -154,8 +184,8 @@ def apply_response(response: HeartbeatResponse) -> IngestResult:
     accepted, rejected = _apply_acks(response.acks)
     _remove_hosts(response.removed_host_ids)
     _upsert_hosts(response.hosts)
-    _upsert_jobs(response.jobs, response.suite_keyvals)
-    abort_queued_hqes([j.id for j in response.jobs if j.aborted])
+    stored = _upsert_jobs(response.jobs, response.suite_keyvals)
+    abort_queued_hqes([j.id for j in stored if j.aborted])
     drop_idle_retired_hosts()
     ShardState.objects.filter(id=1).update(last_heartbeat_ok=timezone.now())
     return IngestResult(

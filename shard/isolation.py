@@ -173,3 +173,15 @@ def give_to(path: Path, user: JobUser | None) -> None:
     os.chown(path, user.uid, user.gid)
     path.chmod(0o700)
     _let_pass(path, user)
+
+
+def take_back(path: Path) -> None:
+    """An ended run's directory becomes the shard's again (0700): every job runs as the same job user,
+    so a later job could otherwise read, change or delete what an earlier one left (its results, its
+    log). The directory itself is the shard's to change: its parent is the shard's (0711)."""
+    try:
+        os.lchown(path, os.geteuid(), os.getegid())
+        if stat.S_ISDIR(path.lstat().st_mode):
+            path.chmod(0o700)
+    except OSError as exc:
+        log.warning("%s: cannot take the ended run's directory back from the job user: %s", path, exc)

@@ -470,10 +470,17 @@ def _subdirs(path: Path) -> list[Path]:
         return []
 
 
+def _last_write(path: Path) -> float:
+    """When `path` was last written, as far as its owner cannot lie: a job may set any mtime (`touch -d
+    2099-01-01` would keep its run forever), but not the change time, which every write moves too."""
+    info = path.lstat()
+    return min(info.st_mtime, info.st_ctime)
+
+
 def _newest_change(run_dir: Path) -> float:
     """When the run last wrote: its directory or its log (a long run's log changes, its directory may not)."""
-    times = [run_dir.lstat().st_mtime]
+    times = [_last_write(run_dir)]
     for name in ("job.log", "cleanup.log", "repair.log"):
         with contextlib.suppress(OSError):
-            times.append((run_dir / name).lstat().st_mtime)
+            times.append(_last_write(run_dir / name))
     return max(times)

@@ -28,12 +28,13 @@ SEQ = count(1)
 def report(heartbeat: Any, fleet: Any, job: Job, status: str, **extra: Any) -> None:
     """What the job's shard would send: one update per HQE, through the real heartbeat endpoint."""
     shard, token = (fleet.lab1, fleet.token1) if job.shard_id == fleet.lab1.id else (fleet.lab2, fleet.token2)
-    host = Host.objects.filter(shard=shard).order_by("id").first()
+    # A job never uses a host twice: its HQEs run on the shard's hosts in turn.
+    hosts = list(Host.objects.filter(shard=shard).order_by("id"))
     stamp = "started_on" if status == "Running" else "finished_on"
     updates = [
-        {"seq": next(SEQ), "hqe": hqe.id, "job": job.id, "status": status, "host": host.id,
+        {"seq": next(SEQ), "hqe": hqe.id, "job": job.id, "status": status, "host": hosts[i].id,
          stamp: "2026-11-22T10:00:00Z", **extra}
-        for hqe in HostQueueEntry.objects.filter(job=job)
+        for i, hqe in enumerate(HostQueueEntry.objects.filter(job=job).order_by("id"))
     ]  # fmt: skip
     acks = heartbeat(shard, token, updates=updates)["acks"]
     assert all(a["result"] == "accepted" for a in acks), acks
@@ -158,6 +159,21 @@ def test_job_stat_shows_the_log_tail_of_a_failed_run_and_lists_leave_it_out(cli,
     assert obj["hqes"][0]["log_tail"] == lines
     listed = json.loads(ok(cli("job", "list", "--json")).stdout)
     assert "log_tail" not in listed[0]["hqes"][0]
+
+
+def test_job_output_and_names_cannot_drive_the_operators_terminal(cli, fleet):
+    """A job's output (and a job's free-text name and command) went to the terminal verbatim: a hostile
+    job could print escape sequences (clear the screen, retitle it, OSC 52 into the clipboard) at
+    whoever ran `fleetshard job stat`. Control characters are shown escaped; --json was always safe."""
+    job = fleet.job("\x1b[2Jname\u202e")
+    tail = "ok\n\x1b]52;c;cm0gLXJmIH4K\x07\x1b[31mred\x9b\rfake\n"
+    job.hqes.update(status="Failed", failure="test", exit_code=3, log_tail=tail)
+    for args in (("job", "stat", str(job.id)), ("job", "list")):
+        out = ok(cli(*args)).stdout
+        assert not any(c in out for c in "\x1b\x07\x9b\r\u202e"), repr(out)
+    out = ok(cli("job", "stat", str(job.id))).stdout
+    assert "\\x1b]52;c;cm0gLXJmIH4K\\x07\\x1b[31mred" in out and "\\x1b[2Jname\\u202e" in out
+    assert json.loads(ok(cli("job", "stat", str(job.id), "--json")).stdout)["hqes"][0]["log_tail"] == tail
 
 
 def test_job_abort_by_owner_and_staff(cli, server, fleet):

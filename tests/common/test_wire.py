@@ -145,3 +145,33 @@ def test_format_and_parse_agree():
 def test_nan_and_infinity_are_not_json(raw):
     with pytest.raises(WireError, match="not JSON"):
         loads(raw)
+
+
+def test_a_malformed_removed_id_or_suite_keyvals_costs_only_itself():
+    """A bad entry in `removed_host_ids` or `suite_keyvals` used to fail the whole answer, so one bad
+    record of the master stopped every heartbeat of the shard (and it never got accepted)."""
+    job = {
+        "id": 100,
+        "version": 1,
+        "name": "smoke",
+        "owner": "ana",
+        "priority": 40,
+        "command": "true",
+        "timeout_mins": 10,
+        "max_runtime_mins": 10,
+        "hqes": [{"id": 500, "host_id": None, "meta_host": "board:x"}],
+    }
+    body = {
+        "protocol": 1,
+        "removed_host_ids": [13, "x", True, 0],
+        "jobs": [{**job, "parent_id": 7}, {**job, "id": 101, "parent_id": 8}, {**job, "id": 102}],
+        "suite_keyvals": {"7": {"suite": {"nested": 1}}, "8": {"suite": "bvt"}},
+        "acks": [{"seq": 1, "result": "accepted"}],
+    }
+    parsed = HeartbeatResponse.parse(body)
+    assert parsed.removed_host_ids == [13]
+    # Job 100 needs its parent's keyvals, which are malformed: skipped, so the master sends it again.
+    assert [j.id for j in parsed.jobs] == [101, 102]
+    assert parsed.suite_keyvals == {"8": {"suite": "bvt"}}
+    assert len(parsed.acks) == 1
+    assert len(parsed.skipped) == 5

@@ -127,6 +127,28 @@ def test_update_naming_another_shards_host_is_rejected_even_when_listed_as_known
     services.delete_hosts(["b1"])
 
 
+def test_a_shard_cannot_run_two_hqes_of_a_job_on_one_host(fleet, heartbeat):
+    """A meta-host job's N HQEs run on N different hosts: a buggy or hostile shard that reports a
+    second HQE of the job on a host another one already has used to be believed."""
+    first, second, third = fleet.job(meta_hosts=[("board:a", 3)]).hqes.order_by("id")
+    a1, a2 = Host.objects.get(hostname="a1"), Host.objects.get(hostname="a2")
+    resp = heartbeat(
+        fleet.lab1,
+        fleet.token1,
+        updates=[
+            update(1, first, "Running", host=a1.id),
+            update(2, second, "Running", host=a1.id),
+            update(3, third, "Running", host=a2.id),
+        ],
+    )
+    assert [a["result"] for a in resp["acks"]] == ["accepted", "rejected", "accepted"]
+    assert "already" in resp["acks"][1]["error"] and f"host {a1.id}" in resp["acks"][1]["error"]
+    resp = heartbeat(fleet.lab1, fleet.token1, updates=[update(4, second, "Completed", host=a2.id)])
+    assert resp["acks"] == [{"seq": 4, "result": "accepted"}], "an end is never refused for its host"
+    rows = dict(HostQueueEntry.objects.filter(job=first.job).values_list("id", "host_id"))
+    assert rows == {first.id: a1.id, second.id: None, third.id: a2.id}
+
+
 def test_an_hqes_end_is_never_refused_for_its_host(fleet, heartbeat):
     hqe = fleet.job().hqes.get()
     a1 = Host.objects.get(hostname="a1")
@@ -159,6 +181,21 @@ def test_job_on_a_host_that_left_the_shard_can_still_be_aborted_and_the_host_del
     assert m1.id in resp["removed_host_ids"]
     assert Job.objects.get(id=job.id).status == "Aborted"
     services.delete_hosts(["m1"])
+
+
+def test_a_host_moved_while_running_a_job_reaches_its_new_shard_only_once_the_job_ends(fleet, heartbeat):
+    """A host moved to another shard (by its labels) while its old shard ran a job on it used to be
+    sent to the new shard at once, as a Ready host of its own: two jobs on one device at a time."""
+    hqe = fleet.job(meta_hosts=[], hosts=["a1"]).hqes.get()
+    a1 = Host.objects.get(hostname="a1")
+    heartbeat(fleet.lab1, fleet.token1, updates=[update(1, hqe, "Running", host=a1.id)])
+    services.remove_label_from_hosts("board:a", ["a1"])
+    services.add_label_to_hosts("board:b", ["a1"])
+    assert Host.objects.get(id=a1.id).shard == fleet.lab2
+    assert a1.id not in [h["id"] for h in heartbeat(fleet.lab2, fleet.token2)["hosts"]]
+    resp = heartbeat(fleet.lab1, fleet.token1, updates=[update(2, hqe, "Completed", exit_code=0)])
+    assert resp["acks"] == [{"seq": 2, "result": "accepted"}]
+    assert a1.id in [h["id"] for h in heartbeat(fleet.lab2, fleet.token2)["hosts"]]
 
 
 # Shard instances.

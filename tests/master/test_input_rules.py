@@ -147,6 +147,20 @@ def test_a_job_may_not_ask_for_more_hqes_than_the_bound(fleet):
     assert not Job.objects.exists() and not HostQueueEntry.objects.exists()
 
 
+def test_a_command_too_long_to_exec_is_refused(fleet):
+    """`/bin/sh -c COMMAND` cannot exec a COMMAND over Linux's 128 KiB argument limit (E2BIG): such a
+    job used to be accepted and then fail on every shard as an infra failure, sending its host to repair."""
+
+    def job(command: str) -> Job:
+        return services.create_job(services.JobRequest(name="big", owner="ana", command=command, hosts=["a1"]))
+
+    with pytest.raises(FleetshardError, match="at most 131071 bytes") as exc:
+        job("true #" + "é" * 70000)
+    assert exc.value.field == "command"
+    assert not Job.objects.exists()
+    job("true #" + "x" * (131071 - 6))
+
+
 def test_the_bound_is_a_setting(fleet, settings):
     settings.FLEETSHARD_MAX_HQES_PER_JOB = 2
     with pytest.raises(FleetshardError, match="^a job may have at most 2 host queue entries; this one asks for 3$"):

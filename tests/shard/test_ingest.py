@@ -171,3 +171,41 @@ def test_aborting_a_large_job_costs_the_same_queries_as_a_small_one(db):
         assert set(HostQueueEntry.objects.filter(job_id=job_id).values_list("status", flat=True)) == {"Aborted"}
         assert OutboxEntry.objects.filter(job_id=job_id).count() == size
     assert counts[0] == counts[1], counts
+
+
+def test_a_hostname_reused_twice_while_its_old_hosts_are_busy(db):
+    """Host `a` deleted and re-created twice on the master while each old one still runs a job: the
+    second retired `a` used to be renamed `a~retired` too, a unique-name clash that failed every
+    heartbeat's ingest until the first finished."""
+    name = "a" * 250  # `~retired` after it must still fit 255 characters (PostgreSQL enforces them)
+    for host_id in (12, 13):
+        hqe = {"id": host_id * 10, "host_id": host_id, "meta_host": None}
+        apply_wire(response(hosts=[host_wire(host_id, hostname=name)], jobs=[job_wire(host_id * 10, hqes=[hqe])]))
+        transition_hqe(host_id * 10, "Running", host_id=host_id)
+        apply_wire(response(removed_host_ids=[host_id]))
+    apply_wire(response(hosts=[host_wire(14, hostname=name)]))
+    hosts = dict(Host.objects.values_list("id", "hostname"))
+    assert hosts[14] == name
+    assert len(set(hosts.values())) == 3 and all(len(h) <= 255 for h in hosts.values())
+    assert Host.objects.filter(retired=True).count() == 2
+
+
+def test_a_record_the_database_refuses_costs_only_itself(db):
+    """A (buggy or hostile) master's host named like another held host, or a job whose HQE id another
+    job has, used to roll back the whole answer: every heartbeat failed and nothing else arrived."""
+    apply_wire(response(hosts=[host_wire(12, hostname="dut")], jobs=[job_wire(100)]))
+    clash = job_wire(101, hqes=[{"id": 500, "host_id": None, "meta_host": "board:pixel7"}])  # 500 is job 100's
+    result = apply_wire(
+        response(
+            hosts=[host_wire(13, hostname="dut"), host_wire(14)],
+            jobs=[clash, job_wire(102, aborted=True)],
+            acks=[],
+        )
+    )
+    assert result.hosts == 2
+    assert sorted(Host.objects.values_list("id", flat=True)) == [12, 14]
+    assert sorted(Job.objects.values_list("id", flat=True)) == [100, 102]
+    assert HostQueueEntry.objects.get(id=500).job_id == 100
+    assert HostQueueEntry.objects.get(id=510).status == "Aborted"
+    # The refused job is not held, so the master sends it again.
+    assert 101 not in [j["id"] for j in known_jobs()]

@@ -370,3 +370,41 @@ def test_a_shard_of_the_jobs_own_user_hides_its_environment_from_them(mode, expe
         [python, "-c", HIDING_PARENT, mode], env=env, user="nobody", capture_output=True, text=True, cwd="/"
     )
     assert parent.stdout.strip() == expected, parent.stderr
+
+
+def test_a_run_directory_dated_in_the_future_by_its_job_is_still_removed(tmp_path):
+    """A job may `touch -d 2099-01-01` its directory and files: an mtime in the future used to keep
+    the run forever past the retention. A change time cannot be set, and a later mtime than it is a lie."""
+    root = tmp_path / "results"
+    run = root / "7" / "1-h1"
+    run.mkdir(parents=True)
+    (run / "job.log").write_text("output")
+    (run / "cleanup.log").write_text("mine")
+    future = time.time() + 80 * 365 * 86400
+    for path in (run / "job.log", run / "cleanup.log", run):
+        os.utime(path, (future, future))
+    assert remove_old_results(root, time.time() + 60, set()) == 1
+    assert not run.exists()
+
+
+@as_root
+def test_a_job_cannot_read_or_change_what_an_earlier_job_left(tmp_path, db, request):
+    """Every job runs as the one job user: an ended run's directory stayed that user's, so any later
+    job could read another's results (or move its log away) by the predictable path."""
+    user = resolve_job_user("nobody")
+    assert user is not None
+    world = make_world(tmp_path, request, job_user=user)
+    make_traversable(world.config.results_root, user)
+    world.host("h1", ("board:a",))
+    first = world.job('echo topsecret > "$FLEETSHARD_RESULTS_DIR/secret"', meta_host="board:a")
+    world.run_until(lambda: world.finished(first), what="the first job")
+    done = Path(world.hqe(first).results_dir)
+    later = world.job(
+        f"cat {done}/secret || echo cannot-read; mv {done}/job.log {done}/gone || echo cannot-move",
+        meta_host="board:a",
+    )
+    world.run_until(lambda: world.finished(later), what="the later job")
+    tail = world.hqe(later).log_tail
+    assert "topsecret" not in tail
+    assert {"cannot-read", "cannot-move"} <= set(tail.splitlines())
+    assert (done / "secret").read_text() == "topsecret\n" and (done / "job.log").exists()
