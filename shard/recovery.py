@@ -18,17 +18,13 @@ from shard.executor import Executor, read_tail
 from shard.isolation import take_back
 from shard.locks import shard_write
 from shard.services import finish_hqe
+from shard.tracking import proc_stat
 
 log = logging.getLogger(__name__)
 
 
 def _start_time(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read().decode(errors="replace")
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2 :].split()
+    fields = proc_stat(pid)
     return fields[19] if len(fields) > 19 and fields[0] != "Z" else None
 
 

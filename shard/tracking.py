@@ -40,14 +40,22 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", text).lstrip(".") or "_"
 
 
-def process_state(pid: int) -> str | None:
-    """The state letter of a process (None when gone); 'Z' is a zombie, dead in all but name."""
+def proc_stat(pid: int | str) -> list[str]:
+    """The fields of /proc/PID/stat after the command name (state first); [] when the process is gone.
+
+    The command name (field 2) may hold spaces and parentheses: the split is after its closing one.
+    """
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read().decode(errors="replace")
     except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2 :].split()
+        return []
+    return stat[stat.rfind(")") + 2 :].split()
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of a process (None when gone); 'Z' is a zombie, dead in all but name."""
+    fields = proc_stat(pid)
     return fields[0] if fields else None
 
 
@@ -199,13 +207,7 @@ def group_members(pgid: int) -> list[int]:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read().decode(errors="replace")
-        except OSError:
-            continue
-        # The command name (field 2) may hold spaces and parentheses: split after its closing one.
-        fields = stat[stat.rfind(")") + 2 :].split()
+        fields = proc_stat(entry)
         if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
             members.append(int(entry))
     return members
