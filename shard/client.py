@@ -20,6 +20,7 @@ from shard.outbox import pending
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 60.0
+MIN_INTERVAL_S = 0.1
 
 
 class HeartbeatFailed(Exception):
@@ -100,7 +101,8 @@ class HeartbeatClient:
         """One heartbeat: build, send, apply. Nothing is dropped locally unless the answer is applied."""
         response = self.exchange(self.build_request())
         result = apply_response(response)
-        self.interval = float(response.heartbeat_interval_s or self.interval)
+        # A master (or something posing as one) cannot spin the shard in a tight loop.
+        self.interval = max(MIN_INTERVAL_S, float(response.heartbeat_interval_s or self.interval))
         self.accepted.set()
         return response, result
 

@@ -3,6 +3,7 @@
 The test database is the shard's; the master runs under gunicorn on its own database.
 """
 
+import dataclasses
 import threading
 import uuid
 from typing import Any
@@ -200,3 +201,16 @@ def test_client_loop_survives_a_database_restart(transactional_db, master_server
         thread.join(30)
     assert pids, "the client's connection was open and got killed"
     assert not thread.is_alive()
+
+
+def test_a_tiny_interval_from_the_master_is_floored(transactional_db, master_server, world, monkeypatch):
+    """Found by the hostile review: a fake master's heartbeat_interval_s of 0.000001 spun the client."""
+    client = client_for(master_server, world)
+    real = client.exchange
+
+    def tiny(body):
+        return dataclasses.replace(real(body), heartbeat_interval_s=0.000001)
+
+    monkeypatch.setattr(client, "exchange", tiny)
+    client.tick()
+    assert client.interval == client_module.MIN_INTERVAL_S
