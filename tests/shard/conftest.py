@@ -1,4 +1,4 @@
-"""Drops the shard databases each test made, once its processes are stopped."""
+"""Fixtures of the shard tests: a default shard world, started processes, and the databases to drop."""
 
 import subprocess
 from pathlib import Path
@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from tests.shard.fleet import drop_created_databases
+from tests.shard.world import ShardWorld
 from tests.support import stop
 
 
@@ -23,3 +24,11 @@ def started():
     for proc, log in procs:
         stop(proc)
         print(f"==== {log} ====\n{log.read_text(errors='replace')[-20000:]}")
+
+
+@pytest.fixture
+def world(db, tmp_path):
+    """A shard world with the default scheduler settings (tests/shard/world.py)."""
+    w = ShardWorld(tmp_path)
+    yield w
+    w.stop()

@@ -13,20 +13,7 @@ import pytest
 from django.utils import timezone
 
 from common.models import Host, HostQueueEntry, OutboxEntry
-from tests.shard.world import ShardWorld
-
-
-@pytest.fixture
-def world(db, tmp_path):
-    w = ShardWorld(tmp_path)
-    yield w
-    w.stop()
-
-
-def make_world(tmp_path: Path, request: pytest.FixtureRequest, **config) -> ShardWorld:
-    w = ShardWorld(tmp_path / "w", **config)
-    request.addfinalizer(w.stop)
-    return w
+from tests.shard.world import ShardWorld, make_world
 
 
 def process_alive(pid: int) -> bool:

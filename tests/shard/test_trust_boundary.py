@@ -20,23 +20,10 @@ from shard.locks import shard_write
 from shard.scheduler import Scheduler, SchedulerConfig, remove_old_results
 from shard.services import record_run, transition_hqe
 from shard.tracking import CGROUP_V2, FREEZER, PIDS, detect, slug
-from tests.shard.world import ShardWorld
+from tests.shard.world import ShardWorld, make_world
 from tests.support import wait_until
 
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run jobs as another user")
-
-
-@pytest.fixture
-def world(db, tmp_path):
-    w = ShardWorld(tmp_path)
-    yield w
-    w.stop()
-
-
-def make_world(tmp_path: Path, request: pytest.FixtureRequest, **config) -> ShardWorld:
-    w = ShardWorld(tmp_path / "w", **config)
-    request.addfinalizer(w.stop)
-    return w
 
 
 def processes_running(needle: str) -> list[int]:

@@ -134,3 +134,10 @@ class ShardWorld:
             self.scheduler.tick(start_new=False)
             time.sleep(0.05)
         self.scheduler.executor.kill_runner(self.scheduler.runner_id)
+
+
+def make_world(tmp_path: Path, request: Any, **config: Any) -> ShardWorld:
+    """A world with its own scheduler settings, stopped when the test ends (`request` is pytest's)."""
+    w = ShardWorld(tmp_path / "w", **config)
+    request.addfinalizer(w.stop)
+    return w
