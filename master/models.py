@@ -1,0 +1,48 @@
+"""Master-only state. The audit trail: every change a person (or the system) makes on the master.
+
+Each master service writes its record in the same transaction as the change, so a change that fails
+leaves no record and a record always describes a change that happened.
+"""
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+
+class AuditRecord(models.Model):
+    """One change: who made it, when, what it was, and why (when a reason was given)."""
+
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    # Null for changes the system makes by itself, and once the user is deleted; `actor` stays.
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="audit_records"
+    )
+    actor = models.CharField(max_length=150, db_index=True, help_text="The username at the time, or 'system'.")
+    action = models.CharField(max_length=64, help_text="What was done, as TOPIC.VERB (e.g. host.lock).")
+    reason = models.TextField(blank=True, default="")
+    details = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action}"
+
+
+class AuditTarget(models.Model):
+    """An object an audit record touched: kept by kind and name so it outlives the object itself."""
+
+    record = models.ForeignKey(AuditRecord, on_delete=models.CASCADE, related_name="targets")
+    kind = models.CharField(max_length=16)
+    object_id = models.BigIntegerField(null=True, blank=True)
+    name = models.CharField(max_length=255, blank=True, default="")
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [
+            models.Index(fields=["kind", "name"], name="audit_target_kind_name_idx"),
+            models.Index(fields=["kind", "object_id"], name="audit_target_kind_id_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name or self.object_id}"
