@@ -29,8 +29,9 @@ from django.utils import timezone  # noqa: E402
 
 from common.models import Host, HostQueueEntry  # noqa: E402
 from common.wire import HeartbeatResponse, format_time  # noqa: E402
+from shard.config import SchedulerConfig  # noqa: E402
 from shard.ingest import apply_response  # noqa: E402
-from shard.scheduler import Scheduler, SchedulerConfig  # noqa: E402
+from shard.scheduler import Scheduler  # noqa: E402
 
 _next_id = {"host": 1_000_000, "job": 1_000_000}
 

@@ -1,10 +1,9 @@
-"""Display helpers shared by the master's and the shard's admin: status badges, ages, log tails.
+"""Display helpers shared by the master's and the shard's admin: status badges, ages, preformatted logs.
 
 They only format values already loaded, so a changelist column built on them never queries.
 """
 
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from django.contrib import admin
@@ -14,7 +13,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from common.constants import LOG_TAIL_BYTES, HostStatus, HQEStatus, JobStatus
+from common.constants import HostStatus, HQEStatus, JobStatus
 from common.models import Host, HostQueueEntry, Job
 
 # One color per status word, chosen so the eye finds trouble (red, orange) first.
@@ -64,35 +63,6 @@ def age(moment: datetime | None, now: datetime | None = None) -> str:
         if seconds >= size:
             return f"{seconds // size} {unit} ago"
     return f"{seconds} s ago"
-
-
-# The executor's log of a run, in the run's results directory (other *.log files are a fallback).
-RUN_LOG = "job.log"
-
-
-def log_tail_of(log_tail: str, results_dir: str, *, active: bool) -> str:
-    """The uploaded tail of a finished run, or for a running one the live tail of its log file.
-
-    The executor writes stdout and stderr to a log file in the results directory while the job runs;
-    the tail is stored on the HQE only at the end, so the running case reads the file.
-    """
-    if log_tail or not active or not results_dir:
-        return log_tail
-    directory = Path(results_dir)
-    try:
-        log = directory / RUN_LOG
-        if not log.is_file():
-            logs = sorted(directory.glob("*.log"), key=lambda p: p.stat().st_mtime)
-            if not logs:
-                return ""
-            log = logs[-1]
-        with log.open("rb") as fh:
-            fh.seek(0, 2)
-            size = fh.tell()
-            fh.seek(max(0, size - LOG_TAIL_BYTES))
-            return fh.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
 
 
 def pre(text: str, *, lines: int | None = None) -> SafeString:

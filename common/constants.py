@@ -1,5 +1,11 @@
-"""Status words and protocol constants fixed by DESIGN.md; other code imports them from here."""
+"""Status words and protocol constants (docs/protocol.md); other code imports them from here.
 
+The status words are `StrEnum`s: a member is the very string on the wire and in the database, so
+`HQEStatus.FAILED == "Failed"`. Each class's ALL (and ACTIVE, TERMINAL) tuples hold the plain words,
+in the order the documentation lists them.
+"""
+
+from enum import StrEnum, nonmember
 from typing import Final
 
 PROTOCOL_VERSION: Final = 1
@@ -15,44 +21,44 @@ MAX_COMMAND_BYTES: Final = 128 * 1024 - 1
 OFFLINE_AFTER_INTERVALS: Final = 3
 
 
-class HostStatus:
-    READY: Final = "Ready"
-    RUNNING: Final = "Running"
-    CLEANING: Final = "Cleaning"
-    REPAIRING: Final = "Repairing"
-    REPAIR_FAILED: Final = "Repair Failed"
-    ALL: Final = (READY, RUNNING, CLEANING, REPAIRING, REPAIR_FAILED)
+class HostStatus(StrEnum):
+    READY = "Ready"
+    RUNNING = "Running"
+    CLEANING = "Cleaning"
+    REPAIRING = "Repairing"
+    REPAIR_FAILED = "Repair Failed"
+    ALL = nonmember((READY, RUNNING, CLEANING, REPAIRING, REPAIR_FAILED))
 
 
-class HQEStatus:
-    QUEUED: Final = "Queued"
-    STARTING: Final = "Starting"
-    RUNNING: Final = "Running"
-    COMPLETED: Final = "Completed"
-    FAILED: Final = "Failed"
-    ABORTED: Final = "Aborted"
-    EXPIRED: Final = "Expired"
-    ACTIVE: Final = (QUEUED, STARTING, RUNNING)
-    TERMINAL: Final = (COMPLETED, FAILED, ABORTED, EXPIRED)
-    ALL: Final = ACTIVE + TERMINAL
+class HQEStatus(StrEnum):
+    QUEUED = "Queued"
+    STARTING = "Starting"
+    RUNNING = "Running"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+    ABORTED = "Aborted"
+    EXPIRED = "Expired"
+    ACTIVE = nonmember((QUEUED, STARTING, RUNNING))
+    TERMINAL = nonmember((COMPLETED, FAILED, ABORTED, EXPIRED))
+    ALL = nonmember((QUEUED, STARTING, RUNNING, COMPLETED, FAILED, ABORTED, EXPIRED))
 
 
-class JobStatus:
-    QUEUED: Final = "Queued"
-    RUNNING: Final = "Running"
-    COMPLETED: Final = "Completed"
-    FAILED: Final = "Failed"
-    ABORTED: Final = "Aborted"
-    EXPIRED: Final = "Expired"
-    ACTIVE: Final = (QUEUED, RUNNING)
-    ALL: Final = (QUEUED, RUNNING, COMPLETED, FAILED, ABORTED, EXPIRED)
+class JobStatus(StrEnum):
+    QUEUED = "Queued"
+    RUNNING = "Running"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+    ABORTED = "Aborted"
+    EXPIRED = "Expired"
+    ACTIVE = nonmember((QUEUED, RUNNING))
+    ALL = nonmember((QUEUED, RUNNING, COMPLETED, FAILED, ABORTED, EXPIRED))
 
 
-class FailureClass:
-    TEST: Final = "test"
-    TIMEOUT: Final = "timeout"
-    INFRA: Final = "infra"
-    ALL: Final = (TEST, TIMEOUT, INFRA)
+class FailureClass(StrEnum):
+    TEST = "test"
+    TIMEOUT = "timeout"
+    INFRA = "infra"
+    ALL = nonmember((TEST, TIMEOUT, INFRA))
 
 
 # The only moves an HQE makes (both sides check them): nothing leaves a terminal status.
@@ -71,8 +77,9 @@ PRIORITY_NAMES: Final = {"low": 10, "default": 40, "high": 70, "super": 80}
 DEFAULT_PRIORITY: Final = PRIORITY_NAMES["default"]
 
 
-def derive_job_status(hqe_statuses: list[str]) -> str:
-    """A job's status follows from its HQEs (DESIGN.md, "Status vocabulary")."""
+def derive_job_status(hqe_statuses: list[str]) -> JobStatus:
+    """A job's status follows from its HQEs: Queued or Running while any is active, else Completed or the
+    worst end among them (Failed, then Aborted, then Expired)."""
     if not hqe_statuses:
         return JobStatus.QUEUED
     if any(s in HQEStatus.ACTIVE for s in hqe_statuses):
@@ -83,5 +90,5 @@ def derive_job_status(hqe_statuses: list[str]) -> str:
         return JobStatus.COMPLETED
     for status in (HQEStatus.FAILED, HQEStatus.ABORTED, HQEStatus.EXPIRED):
         if status in hqe_statuses:
-            return status
+            return JobStatus(status)
     return JobStatus.FAILED

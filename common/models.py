@@ -15,6 +15,11 @@ from common.constants import (
 )
 
 
+def offline_after_s() -> float:
+    """How long a shard may stay silent and still count as online (and keep its instance, docs/protocol.md)."""
+    return OFFLINE_AFTER_INTERVALS * settings.FLEETSHARD_HEARTBEAT_INTERVAL_S
+
+
 def _choices(values: tuple[str, ...]) -> list[tuple[str, str]]:
     return [(v, v) for v in values]
 
@@ -44,8 +49,7 @@ class Shard(models.Model):
         if self.last_heartbeat is None:
             return False
         now = now or timezone.now()
-        limit = OFFLINE_AFTER_INTERVALS * settings.FLEETSHARD_HEARTBEAT_INTERVAL_S
-        return (now - self.last_heartbeat).total_seconds() <= limit
+        return (now - self.last_heartbeat).total_seconds() <= offline_after_s()
 
     @property
     def status(self) -> str:

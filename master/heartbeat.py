@@ -19,14 +19,13 @@ from common.bulk import bulk_set
 from common.constants import (
     MAX_HOSTS_PER_RESPONSE,
     MAX_JOBS_PER_RESPONSE,
-    OFFLINE_AFTER_INTERVALS,
     FailureClass,
     HQEStatus,
     JobStatus,
     hqe_can_move,
 )
 from common.jobstatus import refresh_job_statuses
-from common.models import Host, HostQueueEntry, Job, Shard
+from common.models import Host, HostQueueEntry, Job, Shard, offline_after_s
 from common.wire import (
     Ack,
     HeartbeatRequest,
@@ -142,7 +141,7 @@ def _check_instance(shard: Shard, instance: str, now: datetime) -> bool:
         return False
     if not shard.instance:
         return False
-    silence = OFFLINE_AFTER_INTERVALS * settings.FLEETSHARD_HEARTBEAT_INTERVAL_S
+    silence = offline_after_s()
     heard = (now - shard.last_heartbeat).total_seconds() if shard.last_heartbeat else None
     if heard is not None and heard < silence:
         log.warning(

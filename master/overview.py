@@ -19,8 +19,8 @@ from django.utils import timezone
 from django.utils.safestring import SafeString
 
 from common.admin_ui import age, badge, color_of
-from common.constants import OFFLINE_AFTER_INTERVALS, HostStatus, JobStatus
-from common.models import Host, Job, Label, Shard
+from common.constants import HostStatus, JobStatus
+from common.models import Host, Job, Label, Shard, offline_after_s
 
 FAILED_WINDOW = timedelta(hours=24)
 
@@ -70,10 +70,6 @@ def host_badges(obj: Model) -> list[SafeString]:
     if getattr(obj, "hosts_locked", 0):
         badges.append(badge(f"{obj.hosts_locked} locked", color_of("locked"), title="locked hosts get no new jobs"))  # type: ignore[attr-defined]
     return badges
-
-
-def offline_after_s() -> float:
-    return OFFLINE_AFTER_INTERVALS * settings.FLEETSHARD_HEARTBEAT_INTERVAL_S
 
 
 def refresh_every_s() -> int:

@@ -27,12 +27,12 @@ from common.admin_ui import (
     age,
     badge,
     color_of,
-    log_tail_of,
     pre,
     status_badge,
 )
 from common.constants import HostStatus, HQEStatus
 from common.models import DeadLetter, Host, HostQueueEntry, Job, Label, OutboxEntry, ShardState
+from shard.workspace import run_log_tail
 
 
 class ShardAdminSite(admin.AdminSite):
@@ -84,7 +84,9 @@ class ReadOnlyAdmin(NoWrites, admin.ModelAdmin):
 
 
 def _log(hqe: HostQueueEntry, lines: int | None) -> SafeString:
-    return pre(log_tail_of(hqe.log_tail, hqe.results_dir, active=hqe.is_active), lines=lines)
+    """The uploaded tail of an ended run; a running one's is read from its log file as it grows."""
+    tail = hqe.log_tail if hqe.log_tail or not hqe.is_active else run_log_tail(hqe.results_dir)
+    return pre(tail, lines=lines)
 
 
 @admin.register(Host, site=shard_site)

@@ -12,7 +12,6 @@ with a link to a secret, but the shard only reads and appends through what it op
 
 import contextlib
 import os
-import re
 import signal
 import stat
 import subprocess
@@ -96,11 +95,6 @@ class Executor(ABC):  # noqa: B024 (kill_orphan is optional: not every kind leav
     def describe(self) -> str:
         """How runs are kept apart, for the start log."""
         return type(self).__name__
-
-
-def env_name(text: str) -> str:
-    """`board.serial-no` -> `BOARD_SERIAL_NO`: a key as it may appear in an environment variable name."""
-    return re.sub(r"[^A-Za-z0-9_]", "_", text).upper()
 
 
 def _open_own_log(path: Path, flags: int) -> int | None:

@@ -6,23 +6,20 @@ processes on one database never both act on one host.
 """
 
 import logging
-import re
 import signal
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db.models import F, Q
 
 from common.constants import HostStatus
 from common.models import Host
-from shard.executor import Executor, RunHandle, RunSpec, env_name
-from shard.isolation import give_to, inherited_env
-
-if TYPE_CHECKING:
-    from shard.scheduler import SchedulerConfig
+from shard.config import SchedulerConfig
+from shard.executor import Executor, RunHandle, RunSpec
+from shard.isolation import give_to
+from shard.workspace import BadHost, attributes_of, command_env, host_command_dir
 
 log = logging.getLogger(__name__)
 
@@ -41,51 +38,8 @@ class HostTask:
     cooldown_until: float | None = None
 
 
-class BadHost(ValueError):
-    """A host's config from the master cannot be used (its attributes are not an object, say)."""
-
-
-def attributes_of(host: Host) -> dict[str, Any]:
-    """The host's attributes; the master's config is checked here, where a wrong shape would otherwise crash."""
-    attributes = host.attributes or {}
-    if not isinstance(attributes, dict):
-        raise BadHost(f"host {host.hostname}: attributes must be a JSON object, not {type(attributes).__name__}")
-    return attributes
-
-
-def host_env(host: Host) -> dict[str, str]:
-    env = {"FLEETSHARD_HOSTNAME": host.hostname}
-    for key, value in attributes_of(host).items():
-        env[f"FLEETSHARD_HOST_ATTR_{env_name(key)}"] = str(value)
-    return env
-
-
-def safe_name(text: str) -> str:
-    """A hostname as one path component: a name from the master must never climb out of the results root."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", text).lstrip(".") or "_"
-
-
-def fresh_dir(parent: Path, name: str) -> Path:
-    """A new directory `parent/name` (or `name-2`, `name-3`...): results are never mixed or overwritten.
-
-    `parent` is made traversable but not listable (0711): a job reaches its own directory by name
-    and never sees its neighbours'.
-    """
-    parent.mkdir(parents=True, exist_ok=True)
-    if parent.stat().st_mode & 0o777 != 0o711:
-        parent.chmod(0o711)
-    for n in range(1, 10_000):
-        path = parent / (name if n == 1 else f"{name}-{n}")
-        try:
-            path.mkdir()
-        except FileExistsError:
-            continue
-        return path
-    raise OSError(f"cannot make a fresh directory for {name} under {parent}")
-
-
 class HostLifecycle:
-    def __init__(self, runner_id: str, executor: Executor, config: "SchedulerConfig") -> None:
+    def __init__(self, runner_id: str, executor: Executor, config: SchedulerConfig) -> None:
         self.runner_id = runner_id
         self.executor = executor
         self.config = config
@@ -100,11 +54,9 @@ class HostLifecycle:
         task = HostTask(host.id, host.hostname, kind, deadline=time.monotonic() + self.config.host_command_timeout_s)
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
         try:
-            hosts_dir = self.config.results_root / "hosts"
-            workdir = fresh_dir(hosts_dir / safe_name(host.hostname), f"{kind}-{stamp}")
+            workdir = host_command_dir(self.config.results_root, host.hostname, kind, stamp)
             give_to(workdir, self.config.job_user)
-            env = inherited_env(self.config.env_passthrough) | host_env(host)
-            env |= {"FLEETSHARD_RESULTS_DIR": str(workdir), "HOME": str(workdir)}
+            env = command_env(host, workdir, self.config.env_passthrough)
             spec = RunSpec(
                 command,
                 workdir,

@@ -14,11 +14,12 @@ from pathlib import Path
 from common.constants import FailureClass, HostStatus, HQEStatus
 from common.errors import FleetshardError
 from common.models import Host, HostQueueEntry
-from shard.executor import Executor, read_tail
+from shard.executor import Executor
 from shard.isolation import take_back
 from shard.locks import shard_write
 from shard.services import finish_hqe
 from shard.tracking import proc_stat
+from shard.workspace import run_log_tail
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ def runner_alive(runner: str) -> bool:
 
 def close_abandoned_hqe(hqe: HostQueueEntry, why: str) -> None:
     """Ends one HQE whose run nobody watches any more as an infra failure, its log's tail kept."""
-    tail = read_tail(Path(hqe.results_dir) / "job.log") if hqe.results_dir else ""
+    tail = run_log_tail(hqe.results_dir)
     if hqe.results_dir and os.geteuid() == 0:
         # Its processes are gone: what it left is no later job's to read (shard.isolation.take_back).
         take_back(Path(hqe.results_dir))

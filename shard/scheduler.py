@@ -6,16 +6,14 @@ Queued -> Starting change, so however many scheduler processes share the shard's
 gets one HQE and an HQE gets one host.
 """
 
-import contextlib
 import logging
-import shutil
 import signal
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from enum import StrEnum
 from pathlib import Path
 
-from django.conf import settings
 from django.db import Error as DatabaseFailure
 from django.db import close_old_connections
 from django.utils import timezone
@@ -24,69 +22,35 @@ from common.constants import FailureClass, HostStatus, HQEStatus
 from common.errors import FleetshardError
 from common.models import Host, HostQueueEntry, Job
 from common.wire import clean_text
-from shard.executor import (
-    DEFAULT_MAX_LOG_BYTES,
-    Executor,
-    LocalExecutor,
-    RunHandle,
-    RunSpec,
-    append_note,
-    env_name,
-    read_tail,
-)
-from shard.isolation import JobUser, give_to, inherited_env, passthrough_names, resolve_job_user
-from shard.lifecycle import HostLifecycle, fresh_dir, host_env, safe_name
+from shard.config import SchedulerConfig
+from shard.executor import Executor, LocalExecutor, RunHandle, RunSpec, append_note, read_tail
+from shard.isolation import give_to
+from shard.lifecycle import HostLifecycle
 from shard.locks import shard_write
 from shard.recovery import close_abandoned_hqe, current_runner_id, isolated, recover_abandoned
 from shard.services import finish_hqe, record_run, transition_hqe
+from shard.workspace import RUN_LOG, job_env, remove_old_results, run_dir
 
 log = logging.getLogger(__name__)
 
 QUEUED_BATCH = 1000
 
 
-@dataclass(frozen=True)
-class SchedulerConfig:
-    results_root: Path
-    tick_s: float = 1.0
-    max_runs: int = 100
-    abort_grace_s: float = 30.0
-    cleanup_command: str = ""
-    repair_command: str = ""
-    cooldown_s: float = 0.0
-    host_command_timeout_s: float = 1800.0
-    minute_s: float = 60.0
-    recover_every_s: float = 10.0
-    # None: jobs run as the shard's own user (see shard/isolation.py).
-    job_user: JobUser | None = None
-    env_passthrough: tuple[str, ...] = ()
-    max_log_bytes: int = DEFAULT_MAX_LOG_BYTES
-    retention_days: float = 30.0
-    retention_every_s: float = 3600.0
+class StopReason(StrEnum):
+    """Why a run is being stopped; the HQE's end follows from it."""
 
-    @classmethod
-    def from_settings(cls) -> "SchedulerConfig":
-        return cls(
-            results_root=Path(settings.FLEETSHARD_RESULTS_DIR),
-            tick_s=settings.FLEETSHARD_SCHEDULER_TICK_S,
-            max_runs=settings.FLEETSHARD_MAX_RUNS,
-            abort_grace_s=settings.FLEETSHARD_ABORT_GRACE_S,
-            cleanup_command=settings.FLEETSHARD_CLEANUP_COMMAND,
-            repair_command=settings.FLEETSHARD_REPAIR_COMMAND,
-            cooldown_s=settings.FLEETSHARD_COOLDOWN_S,
-            host_command_timeout_s=settings.FLEETSHARD_HOST_COMMAND_TIMEOUT_S,
-            minute_s=settings.FLEETSHARD_MINUTE_S,
-            job_user=resolve_job_user(settings.FLEETSHARD_JOB_USER),
-            env_passthrough=passthrough_names(settings.FLEETSHARD_JOB_ENV_PASSTHROUGH),
-            max_log_bytes=settings.FLEETSHARD_MAX_LOG_BYTES,
-            retention_days=settings.FLEETSHARD_RESULTS_RETENTION_DAYS,
-        )
+    TIMEOUT = "timeout"
+    ABORT = "abort"
+    SHUTDOWN = "shutdown"
 
 
-# Why a run is being stopped; the HQE's end follows from it.
-TIMEOUT = "timeout"
-ABORT = "abort"
-SHUTDOWN = "shutdown"
+class Claim(StrEnum):
+    """What came of trying to give a host to an HQE."""
+
+    CLAIMED = "claimed"
+    HOST_TAKEN = "host-taken"
+    HOST_USED = "host-used"
+    HQE_TAKEN = "hqe-taken"
 
 
 @dataclass
@@ -97,24 +61,9 @@ class Run:
     handle: RunHandle
     log_path: Path
     deadline: float
-    reason: str = ""
+    reason: StopReason | None = None
     term_at: float | None = None
     killed: bool = False
-
-
-def job_env(job: Job, hqe_id: int, host: Host, results_dir: Path, passthrough: tuple[str, ...] = ()) -> dict[str, str]:
-    """The whole environment of a run: an allowlist from the shard's, then what DESIGN.md gives a job."""
-    env = inherited_env(passthrough) | host_env(host)
-    env.update(
-        FLEETSHARD_JOB_ID=str(job.id),
-        FLEETSHARD_HQE_ID=str(hqe_id),
-        FLEETSHARD_RESULTS_DIR=str(results_dir),
-        HOME=str(results_dir),
-    )
-    for keyvals in (job.suite_keyvals or {}, job.keyvals or {}):
-        for key, value in keyvals.items():
-            env[f"FLEETSHARD_KEYVAL_{env_name(key)}"] = str(value)
-    return env
 
 
 class Scheduler:
@@ -236,12 +185,12 @@ class Scheduler:
                 candidates = [h for h in ready if needed <= labels[h] and h not in taken]
             for host_id in candidates:
                 outcome = self._claim(hqe.id, hqe.job_id, host_id)
-                if outcome == "host-taken":
+                if outcome == Claim.HOST_TAKEN:
                     del ready[host_id]
                     continue
-                if outcome == "host-used":
+                if outcome == Claim.HOST_USED:
                     continue
-                if outcome == "claimed":
+                if outcome == Claim.CLAIMED:
                     used.setdefault(hqe.job_id, set()).add(host_id)
                     self._start(hqe, ready.pop(host_id))
                 break
@@ -256,15 +205,15 @@ class Scheduler:
             used.setdefault(job_id, set()).add(host_id)
         return used
 
-    def _claim(self, hqe_id: int, job_id: int, host_id: int) -> str:
-        """Takes the host and the HQE together, or neither: 'claimed', 'host-taken', 'host-used' or 'hqe-taken'."""
+    def _claim(self, hqe_id: int, job_id: int, host_id: int) -> Claim:
+        """Takes the host and the HQE together, or neither."""
         try:
             with shard_write():
                 taken = Host.objects.filter(
                     id=host_id, status=HostStatus.READY, locked=False, retired=False, runner=""
                 ).update(status=HostStatus.RUNNING, runner=self.runner_id)
                 if taken != 1:
-                    return "host-taken"
+                    return Claim.HOST_TAKEN
                 if Job.objects.filter(id=job_id, aborted=True).exists():
                     raise FleetshardError(f"job of HQE {hqe_id} was aborted")
                 # Checked again under the host's row lock: another scheduler process may have given
@@ -274,10 +223,10 @@ class Scheduler:
                 transition_hqe(hqe_id, HQEStatus.STARTING, host_id=host_id)
                 record_run(hqe_id, runner=self.runner_id)
         except HostUsed:
-            return "host-used"
+            return Claim.HOST_USED
         except FleetshardError:
-            return "hqe-taken"
-        return "claimed"
+            return Claim.HQE_TAKEN
+        return Claim.CLAIMED
 
     # Runs.
 
@@ -285,9 +234,9 @@ class Scheduler:
         """Starts a claimed HQE's run; whatever goes wrong ends that HQE alone as an infra failure."""
         job = hqe.job
         try:
-            results_dir = fresh_dir(self.config.results_root / str(job.id), f"{hqe.id}-{safe_name(host.hostname)}")
+            results_dir = run_dir(self.config.results_root, job.id, hqe.id, host.hostname)
             give_to(results_dir, self.config.job_user)
-            log_path = results_dir / "job.log"
+            log_path = results_dir / RUN_LOG
             env = job_env(job, hqe.id, host, results_dir, self.config.env_passthrough)
             spec = RunSpec(
                 job.command,
@@ -326,7 +275,7 @@ class Scheduler:
             # Left Starting and ours: the next recovery closes it and repairs the host.
             log.exception("HQE %s: cannot record that it failed to start", hqe.id)
 
-    def stop_runs(self, reason: str = SHUTDOWN, *, at_once: bool = False) -> None:
+    def stop_runs(self, reason: StopReason = StopReason.SHUTDOWN, *, at_once: bool = False) -> None:
         """Starts stopping every run (SIGTERM, SIGKILL after the grace); at once means SIGKILL now."""
         for run in self.runs.values():
             if not run.reason:
@@ -369,10 +318,10 @@ class Scheduler:
         code = run.handle.poll()
         if not run.reason and code is None:
             if aborted:
-                run.reason = ABORT
+                run.reason = StopReason.ABORT
                 self._note(run, "the job was aborted: stopping the run")
             elif now >= run.deadline:
-                run.reason = TIMEOUT
+                run.reason = StopReason.TIMEOUT
                 self._note(run, "max_runtime_mins reached: stopping the run")
         if run.reason and not run.killed:
             if run.term_at is None:
@@ -393,11 +342,11 @@ class Scheduler:
 
     def _finish(self, run: Run, code: int) -> None:
         failure = ""
-        if run.reason == ABORT:
+        if run.reason == StopReason.ABORT:
             status = HQEStatus.ABORTED
-        elif run.reason == TIMEOUT:
+        elif run.reason == StopReason.TIMEOUT:
             status, failure = HQEStatus.FAILED, FailureClass.TIMEOUT
-        elif run.reason == SHUTDOWN:
+        elif run.reason == StopReason.SHUTDOWN:
             status, failure = HQEStatus.FAILED, FailureClass.INFRA
         elif code == 0:
             status = HQEStatus.COMPLETED
@@ -441,46 +390,3 @@ class Scheduler:
 
 class HostUsed(FleetshardError):
     """The job already used this host (DESIGN.md: a job never uses a host twice)."""
-
-
-def remove_old_results(root: Path, cutoff: float, active: set[str]) -> int:
-    """Removes `root/GROUP/RUN` directories last changed before `cutoff`, then emptied groups.
-
-    Host command directories (`root/hosts/HOST/KIND-TIME`) are old results like any other; a host
-    command still running keeps changing its directory's log, so it is never that old.
-    """
-    removed = 0
-    groups = [g for g in _subdirs(root) if g.name != "hosts"] + _subdirs(root / "hosts")
-    for group in groups:
-        for run_dir in _subdirs(group):
-            if str(run_dir) in active or _newest_change(run_dir) >= cutoff:
-                continue
-            shutil.rmtree(run_dir, ignore_errors=True)
-            removed += not run_dir.exists()
-        # An empty group is left alone while young: another scheduler may be about to make a run in it.
-        if not any(group.iterdir()) and group.lstat().st_mtime < cutoff:
-            group.rmdir()
-    return removed
-
-
-def _subdirs(path: Path) -> list[Path]:
-    try:
-        return [p for p in path.iterdir() if p.is_dir() and not p.is_symlink()]
-    except OSError:
-        return []
-
-
-def _last_write(path: Path) -> float:
-    """When `path` was last written, as far as its owner cannot lie: a job may set any mtime (`touch -d
-    2099-01-01` would keep its run forever), but not the change time, which every write moves too."""
-    info = path.lstat()
-    return min(info.st_mtime, info.st_ctime)
-
-
-def _newest_change(run_dir: Path) -> float:
-    """When the run last wrote: its directory or its log (a long run's log changes, its directory may not)."""
-    times = [_last_write(run_dir)]
-    for name in ("job.log", "cleanup.log", "repair.log"):
-        with contextlib.suppress(OSError):
-            times.append(_last_write(run_dir / name))
-    return max(times)

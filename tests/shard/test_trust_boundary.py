@@ -15,12 +15,14 @@ from pathlib import Path
 import pytest
 
 from common.models import Host, HostQueueEntry, OutboxEntry
+from shard.config import SchedulerConfig
 from shard.executor import LocalExecutor
 from shard.isolation import make_traversable, resolve_job_user
 from shard.locks import shard_write
-from shard.scheduler import Scheduler, SchedulerConfig, remove_old_results
+from shard.scheduler import Scheduler
 from shard.services import record_run, transition_hqe
 from shard.tracking import CGROUP_V2, FREEZER, PIDS, detect, slug
+from shard.workspace import remove_old_results
 from tests.shard.world import ShardWorld, make_world
 from tests.support import wait_until
 

@@ -11,8 +11,9 @@ from django.utils import timezone
 
 from common.models import Host, HostQueueEntry, Job
 from common.wire import HeartbeatResponse, format_time
+from shard.config import SchedulerConfig
 from shard.ingest import IngestResult, apply_response
-from shard.scheduler import Scheduler, SchedulerConfig
+from shard.scheduler import Scheduler
 
 
 def apply_wire(body: dict[str, Any]) -> IngestResult:

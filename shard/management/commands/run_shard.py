@@ -20,6 +20,7 @@ from django.utils.module_loading import import_string
 
 from common.models import OutboxEntry
 from shard.client import HeartbeatClient, HeartbeatFailed, ProtocolRefused
+from shard.config import SchedulerConfig
 from shard.executor import Executor
 from shard.isolation import (
     IsolationError,
@@ -30,7 +31,7 @@ from shard.isolation import (
     protect_data,
     read_token_file,
 )
-from shard.scheduler import Scheduler, SchedulerConfig
+from shard.scheduler import Scheduler
 
 log = logging.getLogger("shard.run_shard")
 
