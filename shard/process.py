@@ -1,0 +1,182 @@
+"""One run of a shard: the heartbeat client in a thread and the scheduler in the caller's, until told to stop.
+
+SIGTERM drains: no new work starts, running jobs get `drain_s` seconds to finish and are then
+stopped as `infra` failures, and a last heartbeat carries their ends to the master. A second
+SIGTERM, a SIGINT, or a master that refuses this shard stops at once (SIGKILL to every run).
+Either way nothing is left running. Until the master accepts this shard's instance the scheduler
+does not start: another live instance of the shard may own what looks abandoned
+(docs/protocol.md, "Shard instances").
+"""
+
+import logging
+import signal
+import threading
+import time
+
+from django.db import DatabaseError, close_old_connections, connection
+
+from common.models import OutboxEntry
+from shard.client import HeartbeatClient, HeartbeatFailed, ProtocolRefused
+from shard.scheduler import Scheduler
+
+log = logging.getLogger("shard.run_shard")
+
+FINAL_HEARTBEATS = 3
+
+# Once every process of the runs is gone, how long the loop still tries to record their ends before
+# it exits anyway (a database that fails every query must not keep a stopping shard alive).
+RECORD_GRACE_S = 5.0
+
+
+class ShardProcess:
+    def __init__(self, client: HeartbeatClient, scheduler: Scheduler, *, drain_s: float) -> None:
+        self.client = client
+        self.scheduler = scheduler
+        self.drain_s = drain_s
+        # No new work; the runs get drain_s to end.
+        self.draining = threading.Event()
+        # Every run is killed now.
+        self.at_once = threading.Event()
+        # Cuts the scheduler's wait between ticks short.
+        self.wake = threading.Event()
+        self.heartbeat_stop = threading.Event()
+        # Why the shard stopped on its own (the master refused it); None when it was told to.
+        self.fatal: str | None = None
+        self.scheduler_started = False
+        self._heartbeat: threading.Thread | None = None
+
+    # Stopping: safe from a signal handler or another thread.
+
+    def drain(self) -> None:
+        """A first SIGTERM: no new work, the runs get drain_s seconds; a second stops at once."""
+        if self.draining.is_set():
+            self.stop_at_once()
+            return
+        log.info("draining (no new work; %g s for running jobs)", self.drain_s)
+        self.draining.set()
+        self.wake.set()
+
+    def stop_at_once(self) -> None:
+        log.info("stopping at once")
+        self.at_once.set()
+        self.draining.set()
+        self.wake.set()
+
+    def on_signal(self, signum: int) -> None:
+        log.info("%s received", signal.Signals(signum).name)
+        if signum == signal.SIGINT:
+            self.stop_at_once()
+        else:
+            self.drain()
+
+    # The run.
+
+    def run(self) -> None:
+        """Heartbeats, then schedules once accepted, until stopped and nothing is left running."""
+        self.start()
+        try:
+            if self._wait_for_acceptance():
+                self.scheduler_started = True
+                self._loop()
+        finally:
+            self.stop()
+
+    def start(self) -> None:
+        self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
+        self._heartbeat.start()
+
+    def stop(self) -> None:
+        """Ends what is left (host commands, every process of this runner), then the heartbeat, then flushes."""
+        self.scheduler.hosts.stop_all()
+        # Nothing of ours may outlive us, and our empty cgroups go too.
+        self.scheduler.executor.kill_runner(self.scheduler.runner_id)
+        self.heartbeat_stop.set()
+        if self._heartbeat is None:
+            return
+        self._heartbeat.join(timeout=2 if self.at_once.is_set() else self.client.timeout[1] + 10)
+        if not self.at_once.is_set() and not self._heartbeat.is_alive():
+            self._flush()
+
+    def _heartbeat_loop(self) -> None:
+        try:
+            while not self.heartbeat_stop.is_set():
+                try:
+                    self.client.run(self.heartbeat_stop)
+                except ProtocolRefused as exc:
+                    self.fatal = str(exc)
+                    self.stop_at_once()
+                    return
+                except Exception:
+                    # A database hiccup must not end the heartbeat: log it and carry on.
+                    log.exception("heartbeat failed unexpectedly; retrying")
+                    self.heartbeat_stop.wait(1.0)
+        finally:
+            connection.close()
+
+    def _wait_for_acceptance(self) -> bool:
+        """Waits until the master accepts this instance; False when told to stop first."""
+        if not self.client.accepted.is_set():
+            log.info("waiting for the master to accept this shard instance before touching any run or host")
+        while not self.client.accepted.is_set():
+            if self.draining.is_set():
+                return False
+            self.wake.wait(self.scheduler.config.tick_s)
+            self.wake.clear()
+        return True
+
+    def _loop(self) -> None:
+        drain_deadline: float | None = None
+        stopping_since: float | None = None
+        while True:
+            now = time.monotonic()
+            try:
+                if self.at_once.is_set():
+                    self.scheduler.stop_runs(at_once=True)
+                    stopping_since = stopping_since or now
+                elif self.draining.is_set():
+                    if drain_deadline is None:
+                        drain_deadline = now + self.drain_s
+                    if now >= drain_deadline and self.scheduler.runs:
+                        self.scheduler.stop_runs()
+                        stopping_since = stopping_since or now
+            except Exception:
+                log.exception("stopping the runs failed; retrying")
+            try:
+                # A connection broken by a database restart is dropped here and reopened by the next query.
+                close_old_connections()
+                self.scheduler.tick(start_new=not self.draining.is_set())
+            except Exception:
+                # Keep watching the runs already started rather than leave them unattended.
+                log.exception("scheduler tick failed; retrying")
+            if self.draining.is_set() and self._may_exit(drain_deadline, stopping_since):
+                return
+            self.wake.wait(self.scheduler.config.tick_s)
+            self.wake.clear()
+
+    def _may_exit(self, drain_deadline: float | None, stopping_since: float | None) -> bool:
+        now = time.monotonic()
+        scheduler = self.scheduler
+        if not scheduler.runs:
+            return self.at_once.is_set() or not scheduler.busy or now >= (drain_deadline or 0)
+        # Runs whose processes are all gone but whose ends cannot be recorded (the database fails):
+        # the next start closes them as abandoned, so waiting longer gains nothing.
+        if stopping_since is not None and now - stopping_since >= RECORD_GRACE_S:
+            try:
+                alive = scheduler.processes_alive
+            except Exception:
+                alive = True
+            if not alive:
+                log.warning("exiting with %d run ends unrecorded: the next start closes them", len(scheduler.runs))
+                return True
+        return False
+
+    def _flush(self) -> None:
+        """A last heartbeat or two so the master learns how the jobs ended; the outbox keeps the rest."""
+        for _ in range(FINAL_HEARTBEATS):
+            try:
+                if not OutboxEntry.objects.exists():
+                    return
+                self.client.tick()
+            except (HeartbeatFailed, DatabaseError) as exc:
+                log.warning("final heartbeat failed (%s); the next start sends the rest", exc)
+                return

@@ -1,0 +1,174 @@
+"""`ShardProcess` in this process against a real master: when it schedules, how it stops, what the master learns.
+
+The test database is the shard's; the master runs under gunicorn on its own database. Signals are
+delivered as `on_signal` calls, which is all the command's handlers do.
+"""
+
+import signal
+import socket
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from common.constants import FailureClass, HostStatus, HQEStatus
+from common.models import Host, HostQueueEntry, OutboxEntry
+from shard.client import HeartbeatClient
+from shard.config import SchedulerConfig
+from shard.process import ShardProcess
+from shard.scheduler import Scheduler
+from tests.shard.world import apply_wire
+from tests.support import Master, free_port, wait_until
+
+pytestmark = pytest.mark.e2e
+
+DEAD_RUNNER = f"{socket.gethostname()}:999999999:0"
+
+
+def lab(master: Master, command: str) -> dict[str, Any]:
+    """A shard with one host and one job of one HQE on the master."""
+    prefix = f"p{uuid.uuid4().hex[:6]}"
+    return master.shell(
+        f"""
+from master import services
+label = "{prefix}:board"
+services.create_labels([label])
+shard, token = services.create_shard("{prefix}.lab", [label])
+services.create_hosts(["{prefix}-h0"], labels=[label])
+request = services.JobRequest(name="{prefix}-j", owner="ana", command={command!r}, meta_hosts=[(label, 1)])
+job = services.create_job(request)
+result = {{"shard": shard.hostname, "shard_id": shard.id, "token": token, "job": job.id}}
+"""
+    )
+
+
+def master_hqe(master: Master, job_id: int) -> list[str]:
+    return master.shell(
+        f"from common.models import HostQueueEntry\n"
+        f"result = list(HostQueueEntry.objects.filter(job_id={job_id}).values_list('status', 'failure').get())"
+    )
+
+
+class Running:
+    """A ShardProcess run in a thread, as run_shard runs it in its main thread."""
+
+    def __init__(self, url: str, world: dict[str, Any], tmp_path: Path, drain_s: float) -> None:
+        client = HeartbeatClient(url, world["shard"], world["token"])
+        config = SchedulerConfig(results_root=tmp_path / "results", tick_s=0.05, abort_grace_s=1.0)
+        self.process = ShardProcess(client, Scheduler(config), drain_s=drain_s)
+        self.thread = threading.Thread(target=self.process.run, name="shard")
+        self.thread.start()
+
+    def ended(self, timeout: float) -> bool:
+        self.thread.join(timeout)
+        return not self.thread.is_alive()
+
+    def stop(self) -> None:
+        self.process.stop_at_once()
+        self.thread.join(30)
+
+
+@pytest.fixture
+def running(transactional_db, settings, tmp_path):
+    settings.FLEETSHARD_HEARTBEAT_INTERVAL_S = 0.2
+    made: list[Running] = []
+
+    def start(url: str, world: dict[str, Any], drain_s: float = 60.0) -> Running:
+        made.append(Running(url, world, tmp_path, drain_s))
+        return made[-1]
+
+    yield start
+    for r in made:
+        r.stop()
+
+
+def hqe_row(job_id: int) -> tuple[str, str, int | None]:
+    return HostQueueEntry.objects.filter(job_id=job_id).values_list("status", "failure", "pid").get()
+
+
+def test_sigterm_drains_then_stops_the_run_as_infra_and_tells_the_master(master_server, running):
+    world = lab(master_server, "sleep 300")
+    shard = running(master_server.url, world, drain_s=0.5)
+    wait_until(
+        lambda: HostQueueEntry.objects.filter(job_id=world["job"], status=HQEStatus.RUNNING).exists(),
+        timeout=60,
+        what="the job running",
+    )
+    shard.process.on_signal(signal.SIGTERM)
+    assert shard.ended(30), "the shard did not stop after the drain"
+    status, failure, pid = hqe_row(world["job"])
+    assert (status, failure) == (HQEStatus.FAILED, FailureClass.INFRA)
+    assert not Path(f"/proc/{pid}").exists()
+    # The last heartbeats carried the end: nothing waits in the outbox and the master knows.
+    assert not OutboxEntry.objects.exists()
+    assert master_hqe(master_server, world["job"]) == ["Failed", "infra"]
+    assert shard.process.fatal is None
+
+
+def test_a_second_sigterm_kills_at_once(master_server, running):
+    world = lab(master_server, "sleep 300")
+    shard = running(master_server.url, world, drain_s=300)
+    wait_until(
+        lambda: HostQueueEntry.objects.filter(job_id=world["job"], status=HQEStatus.RUNNING).exists(),
+        timeout=60,
+        what="the job running",
+    )
+    shard.process.on_signal(signal.SIGTERM)
+    assert not shard.ended(1), "a first SIGTERM must wait for the drain"
+    shard.process.on_signal(signal.SIGTERM)
+    assert shard.ended(15), "a second SIGTERM must stop at once"
+    status, failure, pid = hqe_row(world["job"])
+    assert (status, failure) == (HQEStatus.FAILED, FailureClass.INFRA)
+    assert not Path(f"/proc/{pid}").exists()
+
+
+def abandoned_host() -> int:
+    """A host a dead scheduler process left Running: the first recovery would repair it."""
+    apply_wire(
+        {
+            "hosts": [
+                {
+                    "id": 9001,
+                    "version": 1,
+                    "hostname": "left-behind",
+                    "labels": [],
+                    "locked": False,
+                    "lock_reason": "",
+                    "attributes": {},
+                }
+            ]
+        }
+    )
+    Host.objects.filter(id=9001).update(status=HostStatus.RUNNING, runner=DEAD_RUNNER)
+    return 9001
+
+
+def test_a_refused_instance_stops_the_shard_before_the_scheduler_starts(master_server, running):
+    world = lab(master_server, "true")
+    # Another database of this shard was heard just now: the master refuses this one.
+    master_server.shell(
+        "from common.models import Shard\nfrom django.utils import timezone\n"
+        f"Shard.objects.filter(id={world['shard_id']})"
+        f".update(instance='{uuid.uuid4()}', last_heartbeat=timezone.now())\n"
+        "result = 1"
+    )
+    host_id = abandoned_host()
+    shard = running(master_server.url, world)
+    assert shard.ended(30), "a refused shard must stop on its own"
+    assert "running from another database" in (shard.process.fatal or "")
+    assert not shard.process.scheduler_started
+    assert Host.objects.filter(id=host_id).values_list("status", "runner").get() == (HostStatus.RUNNING, DEAD_RUNNER)
+    assert not HostQueueEntry.objects.exists()
+
+
+def test_a_shard_told_to_stop_before_any_master_answers_never_schedules(running, tmp_path):
+    world = {"shard": "nowhere.lab", "token": "fs_unused"}
+    host_id = abandoned_host()
+    shard = running(f"http://127.0.0.1:{free_port()}", world)
+    assert not shard.ended(1), "with no master the shard waits"
+    shard.process.on_signal(signal.SIGTERM)
+    assert shard.ended(15)
+    assert not shard.process.scheduler_started and shard.process.fatal is None
+    assert Host.objects.filter(id=host_id).values_list("status", "runner").get() == (HostStatus.RUNNING, DEAD_RUNNER)
