@@ -1,4 +1,9 @@
-"""Label-based routing: which shard owns a host, and which shard must run a job (DESIGN.md, "Assignment")."""
+"""Label-based routing: which shard owns a host, and which shard must run a job.
+
+A label belongs to at most one shard, and a host to the shard that owns one of its labels. A job's
+meta-hosts and dependency labels must resolve to exactly one shard that has hosts enough to serve it;
+anything else is refused at creation. Assignment is eager: the heartbeat only sends what changed.
+"""
 
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -148,7 +153,7 @@ def _max_flow(demand: dict[int, int], pools: dict[frozenset[int], int]) -> set[i
 def check_capacity(shard: Shard, counts: dict[Label, int], dependency_labels: list[Label]) -> None:
     """Refuses a job whose meta-hosts ask for more distinct hosts than its shard has.
 
-    A job never uses a host twice (DESIGN.md): the N entries of `LABEL*N` run on N different hosts,
+    A job never uses a host twice: the N entries of `LABEL*N` run on N different hosts,
     so each needs a host on `shard` with that label and every dependency label, and no host serves
     two entries. Locked hosts (and hosts in repair) count: they may be unlocked or repaired later,
     and the job waits in the queue until then; only a job that can never run is refused here.

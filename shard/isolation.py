@@ -20,7 +20,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 # Names a job inherits from the shard's environment (LC_* too); everything else it gets is set
-# explicitly (the FLEETSHARD_* job variables of DESIGN.md, HOME) or listed by the operator.
+# explicitly (the FLEETSHARD_* job variables of docs/protocol.md, HOME) or listed by the operator.
 ALLOWED_ENV = ("PATH", "LANG", "TZ", "TMPDIR")
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 # Private to the shard: no passthrough list can hand these to a job.

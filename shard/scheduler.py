@@ -389,4 +389,4 @@ class Scheduler:
 
 
 class HostUsed(FleetshardError):
-    """The job already used this host (DESIGN.md: a job never uses a host twice)."""
+    """The job already used this host: a job never uses a host twice (its HQEs are meant to run on distinct hosts)."""

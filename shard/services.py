@@ -44,8 +44,8 @@ def transition_hqe(
         hqe.finished_on = now
         hqe.failure = failure
         hqe.exit_code = exit_code
-        # The tail is a job's output: untrusted text that must be storable and sendable (DESIGN.md,
-        # "Values on the wire"), whichever caller passed it.
+        # The tail is a job's output: untrusted text that must be storable and sendable (docs/protocol.md,
+        # "Values"), whichever caller passed it.
         hqe.log_tail = clean_text(log_tail[-LOG_TAIL_BYTES:])
     hqe.save()
     enqueue(hqe)

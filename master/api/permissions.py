@@ -1,4 +1,4 @@
-"""Who may do what through the REST API (DESIGN.md, issue 4).
+"""Who may do what through the REST API: the same as through the admin, never more.
 
 Everyone signed in reads and submits jobs. Changing labels, hosts and shards needs what the admin
 asks for: staff status and the Django model permission of the admin's page or action (master/admin.py:

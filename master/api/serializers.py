@@ -1,4 +1,4 @@
-"""Wire shapes of the REST API. Output field names are fixed by DESIGN.md ("The command line").
+"""Wire shapes of the REST API. Output field names are a contract the CLI's JSON and scripts rely on: add, never rename.
 
 Input serializers only check types and sizes, so that nothing malformed reaches the database
 (PostgreSQL refuses NUL characters and out-of-range integers with a 500); the rules live in
