@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from shard.tracking import proc_stat
 from tests.support import ROOT
 
 pytestmark = pytest.mark.e2e
@@ -20,7 +21,7 @@ def processes_mentioning(text: str) -> list[str]:
     ancestors, pid = set(), os.getpid()
     while pid > 1:
         ancestors.add(str(pid))
-        pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        pid = int(proc_stat(pid)[1])
     for pid in set(filter(str.isdigit, os.listdir("/proc"))) - ancestors:
         for part in ("cmdline", "environ"):
             try:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from shard.tracking import process_state
 from tests.shard.fleet import ACTIVE, in_list, master_hqes, new_shard, sql, submit, writable_by_jobs
 from tests.support import stop, wait_until
 
@@ -13,11 +14,7 @@ pytestmark = pytest.mark.e2e
 
 
 def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    return process_state(pid) not in (None, "Z")
 
 
 def master_status(master, job_id: int) -> tuple:

@@ -13,16 +13,13 @@ import pytest
 from django.utils import timezone
 
 from common.models import Host, HostQueueEntry, OutboxEntry
+from shard.tracking import process_state
 from tests.shard.world import ShardWorld, make_world
 
 
 def process_alive(pid: int) -> bool:
     """Alive and not a zombie (a zombie is dead; only its reaper can clear it)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    return process_state(pid) not in (None, "Z")
 
 
 def test_exit_status_decides_completed_or_failed_test(world):

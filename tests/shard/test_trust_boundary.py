@@ -21,7 +21,7 @@ from shard.isolation import make_traversable, resolve_job_user
 from shard.locks import shard_write
 from shard.scheduler import Scheduler
 from shard.services import record_run, transition_hqe
-from shard.tracking import CGROUP_V2, FREEZER, PIDS, detect, slug
+from shard.tracking import CGROUP_V2, FREEZER, PIDS, detect, process_state, slug
 from shard.workspace import remove_old_results
 from tests.shard.world import ShardWorld, make_world
 from tests.support import wait_until
@@ -35,10 +35,9 @@ def processes_running(needle: str) -> list[int]:
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if needle in cmdline and state != "Z":
+        if needle in cmdline and process_state(int(entry)) not in (None, "Z"):
             found.append(int(entry))
     return found
 
