@@ -104,11 +104,13 @@ class Figures:
 RATIO_BUCKETS = ((0, 1, "step < 1x noise"), (1, 2, "1-2x noise"), (2, 3, "2-3x noise"), (3, 99, ">= 3x noise"))
 
 
-def measure(detect: Detector, series: list[Series]) -> Figures:
+def measure(detect: Detector, series: list[Series], *, online: bool = True) -> Figures:
     flat = [s for s in series if s.step is None]
     stepped = [s for s in series if s.step is not None]
     alarms = sum(bool(detect(s.values)) for s in flat)
-    online = sum(any(detect(s.values[:end]) for end in range(ONLINE_FROM, LENGTH + 1)) for s in flat)
+    online_alarms = (
+        sum(any(detect(s.values[:end]) for end in range(ONLINE_FROM, LENGTH + 1)) for s in flat) if online else 0
+    )
     location: dict[int, int] = {}
     delay: dict[int, int] = {}
     hits = {label: [0, 0] for *_, label in RATIO_BUCKETS}
@@ -126,7 +128,7 @@ def measure(detect: Detector, series: list[Series]) -> Figures:
         )
     return Figures(
         false_alarms=alarms / len(flat),
-        online_false_alarms=online / len(flat),
+        online_false_alarms=online_alarms / len(flat),
         recall=len(location) / len(stepped),
         recall_by_ratio={label: h / max(n, 1) for label, (h, n) in hits.items()},
         location=location,

@@ -131,18 +131,24 @@ def _cuts(y: np.ndarray, sigma: float, threshold: float, min_after: int) -> list
 def _segment(
     y: np.ndarray, lo: int, hi: int, sigma: float, threshold: float, cuts: list[tuple[int, float]], min_after: int
 ) -> None:
+    """Binary segmentation of y[lo:hi]. At the newest end a split may leave a single point after it:
+    where the best split leaves fewer than `min_after`, the step is not reported yet (and the points
+    after it are left out), rather than reported early at a wrong place."""
+    newest = hi == len(y)
     n = hi - lo
-    after = min_after if hi == len(y) else MIN_SEGMENT
-    if n < MIN_SEGMENT + after:
+    if n < MIN_SEGMENT + (1 if newest else MIN_SEGMENT):
         return
     sums = np.concatenate(([0.0], np.cumsum(y[lo:hi])))
-    t = np.arange(MIN_SEGMENT, n - after + 1)
+    t = np.arange(MIN_SEGMENT, n - (0 if newest else MIN_SEGMENT) + (0 if newest else 1))
     n2 = n - t
     z = ((sums[n] - sums[t]) / n2 - sums[t] / t) / (sigma * np.sqrt(1 / t + 1 / n2))
     best = int(np.argmax(np.abs(z)))
+    cut = lo + int(t[best])
     if abs(z[best]) < threshold:
         return
-    cut = lo + int(t[best])
+    if newest and hi - cut < min_after:
+        _segment(y, lo, cut, sigma, threshold, cuts, min_after)
+        return
     cuts.append((cut, float(z[best])))
     _segment(y, lo, cut, sigma, threshold, cuts, min_after)
     _segment(y, cut, hi, sigma, threshold, cuts, min_after)

@@ -218,7 +218,8 @@ def entry(**fields: object) -> dict:
         (bench(name="a\x00b", real_time=1), "results.json: benchmarks[1].name: contains NUL or a lone surrogate"),
         (bench(name="a\ud800", real_time=1), "results.json: benchmarks[1].name: contains NUL or a lone surrogate"),
         (
-            b'{"benchmarks": [{"name": "b", "real_time": 1e999}], "context": {"executable": "b", "date": "2024-01-02 03:04:05"}}',
+            b'{"benchmarks": [{"name": "b", "real_time": 1e999}],'
+            b' "context": {"executable": "b", "date": "2024-01-02 03:04:05"}}',
             "results.json: benchmarks[0].real_time: not a finite number: inf",
         ),
         (bench(name="b", real_time=1, speed="x" * 2000), None),  # a non-numeric unknown key is ignored
@@ -272,8 +273,7 @@ def entry(**fields: object) -> dict:
         (b"\xff\xfe\xfa", "results.json: not valid JSON"),
         (b"[" * 40 + b"]" * 40, "results.json: JSON nested deeper than 32 levels"),
         (b"[" * 100000 + b"]" * 100000, "results.json: JSON nested deeper than 32 levels"),
-        (b'{"benchmarks": [], "context": {"executable": "b", "date": "2024-01-02T03:04:05Z", "n": 1' + b"1" * 5000 + b"}}",
-         "results.json: not valid JSON"),
+        (b'{"benchmarks": [], "context": {"n": 1' + b"1" * 5000 + b"}}", "results.json: not valid JSON"),
     ],
 )  # fmt: skip
 def test_every_error_names_the_file_and_the_field(doc, expected):
@@ -312,7 +312,13 @@ def test_unsafe_text_in_the_info_and_extras_is_cleaned_not_refused():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.recursive(st.none() | st.booleans() | st.floats() | st.integers() | st.text(), lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4), max_leaves=30))  # fmt: skip
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.floats() | st.integers() | st.text(),
+        lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
+        max_leaves=30,
+    )
+)
 def test_any_json_value_in_any_field_parses_or_names_the_file(value):
     for doc in (
         {**TF_SAMPLE, "entries": {"entry": [value]}},
