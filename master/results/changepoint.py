@@ -1,7 +1,7 @@
 """Finding the steps in one series of timings, and telling which are regressions (DESIGN.md, "Benchmark
 results": the timings step up and stay there).
 
-The method, chosen by measurement (bench/regressions.py, whose table is in the README): binary
+The method, chosen by measurement (bench/regressions.py prints the comparison): binary
 segmentation with a standardised mean-shift (CUSUM) statistic on the logarithm of the timings,
 made robust in two ways:
 - the noise level comes first from the successive differences with the largest 4% trimmed, so
@@ -25,7 +25,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 MIN_CHANGE_PCT = 5.0
 MIN_SEGMENT = 3
-MIN_AFTER = 4
+MIN_AFTER = 3
 CLIP_SIGMAS = 3.0
 CLIP_HALF_WINDOW = 3
 # The significance threshold of max |z| over all splits, tuned with bench/regressions.py: under 1%
@@ -62,9 +62,12 @@ def detect_steps(
     min_after: int = MIN_AFTER,
 ) -> list[Step]:
     """Every step up or down in `values` (timings in time order), oldest first; a step needs
-    `min_after` points after it before it is reported, and MIN_SEGMENT points between steps."""
+    `min_after` points after it before it is reported, and MIN_SEGMENT points between steps.
+    Timings must be finite and non-negative (the parsers see to it); ValueError otherwise."""
     x = np.asarray(values, dtype=float)
-    if len(x) < MIN_SEGMENT + min_after or not np.all(np.isfinite(x)) or np.any(x < 0):
+    if not np.all(np.isfinite(x)) or np.any(x < 0):
+        raise ValueError("timings must be finite and non-negative numbers")
+    if len(x) < MIN_SEGMENT + min_after:
         return []
     y = np.log(x) if np.all(x > 0) else x.copy()
     floor = max(float(np.max(np.abs(y))) * 1e-9, 1e-300)
