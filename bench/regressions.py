@@ -13,6 +13,8 @@ point drawn from 12-88 (so that the baseline's 12-point windows fit on both side
 - location error: points between the reported and the true first slow point, over detected series.
 - delay: the fewest points from the step on (the first slow point counts as 1) at which the
   detector, run on the series up to there, reports the step.
+`--candidates N` also measures the other methods considered (E-Divisive means with a permutation
+test, a windowed Mann-Whitney U) on the first N series of each kind (slow: E-Divisive permutes).
 """
 
 import argparse
