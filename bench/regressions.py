@@ -1,0 +1,297 @@
+"""How well regressions are found: fleetshard's detector against a Perfherder-style t-test baseline.
+
+Run: `.venv/bin/python bench/regressions.py [--flat 500] [--steps 500] [--seed 1]`. Prints a markdown
+table (the README's) and the run time.
+
+The corpus is seeded: series of 100 timings with normal noise of 2-10% of the level, 1% outliers
+(x1.3-3 slower, or x0.5-0.8 faster, one in five), and, in half of them, one step up of 5-20% at a
+point drawn from 12-88 (so that the baseline's 12-point windows fit on both sides).
+- false alarms: the share of series without a step where a regression is reported; "online" runs
+  the detector on every prefix of at least 24 points, as the master does after each upload.
+- recall: the share of stepped series where a regression is reported within MATCH points of the
+  true step (one placed farther away is a false alarm, not a detection).
+- location error: points between the reported and the true first slow point, over detected series.
+- delay: the fewest points from the step on (the first slow point counts as 1) at which the
+  detector, run on the series up to there, reports the step.
+`--candidates N` also measures the other methods considered (E-Divisive means with a permutation
+test, a windowed Mann-Whitney U) on the first N series of each kind (slow: E-Divisive permutes).
+"""
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from master.results.changepoint import regressions  # noqa: E402
+
+LENGTH = 100
+MATCH = 10
+ONLINE_FROM = 24
+Detector = Callable[[Sequence[float]], list[int]]
+
+
+@dataclass(frozen=True)
+class Series:
+    values: np.ndarray
+    step: int | None
+    step_pct: float
+    noise_pct: float
+
+
+def corpus(seed: int, flat: int, stepped: int, length: int = LENGTH) -> list[Series]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for k in range(flat + stepped):
+        level = 10 ** rng.uniform(-6, 1)
+        noise = rng.uniform(0.02, 0.10)
+        values = level * (1 + noise * rng.standard_normal(length))
+        outliers = rng.random(length) < 0.01
+        slow = rng.random(length) < 0.8
+        values[outliers & slow] *= rng.uniform(1.3, 3.0, length)[outliers & slow]
+        values[outliers & ~slow] *= rng.uniform(0.5, 0.8, length)[outliers & ~slow]
+        step, pct = None, 0.0
+        if k >= flat:
+            step, pct = int(rng.integers(12, length - 12 + 1)), float(rng.uniform(0.05, 0.20))
+            values[step:] *= 1 + pct
+        out.append(Series(np.maximum(values, level * 1e-3), step, pct * 100, noise * 100))
+    return out
+
+
+def fleetshard(values: Sequence[float]) -> list[int]:
+    return [step.index for step in regressions(values)]
+
+
+def ttest_baseline(values: Sequence[float], back: int = 12, ahead: int = 12, t_min: float = 7.0) -> list[int]:
+    """Perfherder's classic rule: Welch's t between the 12 points before i and the 12 from i on, an
+    alert where t > 7 and t is not lower than at either neighbour (here only upward steps)."""
+    x = np.asarray(values, dtype=float)
+    n = len(x)
+    if n < back + ahead:
+        return []
+    w = sliding_window_view(x, back)
+    mean, var = w.mean(axis=1), w.var(axis=1, ddof=1)
+    i = np.arange(back, n - ahead + 1)
+    diff = mean[i] - mean[i - back]
+    se = np.sqrt(var[i - back] / back + var[i] / ahead)
+    t = np.divide(diff, se, out=np.where(diff > 0, np.inf, 0.0), where=se > 0)
+    found = []
+    for k in range(len(i)):
+        if t[k] > t_min and (k == 0 or t[k] >= t[k - 1]) and (k == len(i) - 1 or t[k] >= t[k + 1]):
+            found.append(int(i[k]))
+    return found
+
+
+def mann_whitney_windows(
+    values: Sequence[float], back: int = 12, ahead: int = 12, z_min: float = 3.3, min_change_pct: float = 5.0
+) -> list[int]:
+    """A windowed Mann-Whitney U test (normal approximation, one-sided): the same windows and local
+    maximum as the t-test, a rank statistic (robust to outliers), and the 5% minimum change."""
+    x = np.asarray(values, dtype=float)
+    n = len(x)
+    if n < back + ahead:
+        return []
+    w = sliding_window_view(x, back)
+    i = np.arange(back, n - ahead + 1)
+    a, b = w[i - back], w[i]
+    u = (b[:, :, None] > a[:, None, :]).sum(axis=(1, 2)) + 0.5 * (b[:, :, None] == a[:, None, :]).sum(axis=(1, 2))
+    z = (u - back * ahead / 2) / np.sqrt(back * ahead * (back + ahead + 1) / 12)
+    change = (np.median(b, axis=1) / np.median(a, axis=1) - 1) * 100
+    found = []
+    for k in range(len(i)):
+        peak = (k == 0 or z[k] >= z[k - 1]) and (k == len(i) - 1 or z[k] >= z[k + 1])
+        if z[k] > z_min and change[k] >= min_change_pct and peak:
+            found.append(int(i[k]))
+    return found
+
+
+def _energy(d: np.ndarray, m: int = 3) -> tuple[int, float]:
+    """The best split of a series by E-Divisive's energy statistic (alpha = 1), from its distance
+    matrix `d`; block sums come from one 2-D cumulative sum, so every split costs O(1)."""
+    n = len(d)
+    c = np.zeros((n + 1, n + 1))
+    c[1:, 1:] = d.cumsum(0).cumsum(1)
+    t = np.arange(m, n - m + 1)
+    within_a = c[t, t]
+    within_b = c[n, n] - 2 * c[t, n] + c[t, t]
+    between = c[t, n] - c[t, t]
+    na, nb = t, n - t
+    q = na * nb / n * (2 * between / (na * nb) - within_a / (na * (na - 1)) - within_b / (nb * (nb - 1)))
+    k = int(np.argmax(q))
+    return int(t[k]), float(q[k])
+
+
+def e_divisive(
+    values: Sequence[float], permutations: int = 99, alpha: float = 0.05, min_change_pct: float = 5.0
+) -> list[int]:
+    """E-Divisive means (Matteson and James; Chromium's and MongoDB's dashboards): binary segmentation
+    by the energy statistic, each split kept when a permutation test gives p <= alpha, then the 5%
+    minimum change between segment medians, upward steps only."""
+    x = np.asarray(values, dtype=float)
+    rng = np.random.default_rng(0)
+    cuts: list[int] = []
+
+    def seg(lo: int, hi: int) -> None:
+        if hi - lo < 8:
+            return
+        y = x[lo:hi]
+        d = np.abs(y[:, None] - y[None, :])
+        t, q = _energy(d)
+        worse = 0
+        for _ in range(permutations):
+            p = rng.permutation(len(y))
+            if _energy(d[p][:, p])[1] >= q:
+                worse += 1
+        if (worse + 1) / (permutations + 1) > alpha:
+            return
+        cuts.append(lo + t)
+        seg(lo, lo + t)
+        seg(lo + t, hi)
+
+    seg(0, len(x))
+    cuts.sort()
+    bounds = [0, *cuts, len(x)]
+    return [
+        c
+        for k, c in enumerate(cuts)
+        if np.median(x[c : bounds[k + 2]]) / np.median(x[bounds[k] : c]) - 1 >= min_change_pct / 100
+    ]
+
+
+def _near(found: list[int], step: int) -> int | None:
+    close = [abs(f - step) for f in found if abs(f - step) <= MATCH]
+    return min(close) if close else None
+
+
+@dataclass
+class Figures:
+    false_alarms: float
+    online_false_alarms: float | None
+    recall: float
+    recall_by_ratio: dict[str, float]
+    location: dict[int, int]  # by the series' index, for detected steps
+    delay: dict[int, int]
+
+
+RATIO_BUCKETS = ((0, 1, "step < 1x noise"), (1, 2, "1-2x noise"), (2, 3, "2-3x noise"), (3, 99, ">= 3x noise"))
+
+
+def measure(detect: Detector, series: list[Series], *, online: bool = True) -> Figures:
+    flat = [s for s in series if s.step is None]
+    stepped = [s for s in series if s.step is not None]
+    alarms = sum(bool(detect(s.values)) for s in flat)
+    online_alarms = (
+        sum(any(detect(s.values[:end]) for end in range(ONLINE_FROM, LENGTH + 1)) for s in flat) if online else 0
+    )
+    location: dict[int, int] = {}
+    delay: dict[int, int] = {}
+    hits = {label: [0, 0] for *_, label in RATIO_BUCKETS}
+    for i, s in enumerate(stepped):
+        assert s.step is not None
+        error = _near(detect(s.values), s.step)
+        label = next(label for lo, hi, label in RATIO_BUCKETS if lo <= s.step_pct / s.noise_pct < hi)
+        hits[label][1] += 1
+        if error is None:
+            continue
+        hits[label][0] += 1
+        location[i] = error
+        delay[i] = next(
+            k for k in range(1, LENGTH - s.step + 1) if _near(detect(s.values[: s.step + k]), s.step) is not None
+        )
+    return Figures(
+        false_alarms=alarms / len(flat),
+        online_false_alarms=online_alarms / len(flat) if online else None,
+        recall=len(location) / len(stepped),
+        recall_by_ratio={label: h / max(n, 1) for label, (h, n) in hits.items()},
+        location=location,
+        delay=delay,
+    )
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _stats(values: list[int], within: int) -> tuple[str, str, str]:
+    if not values:
+        return "-", "-", "-"
+    a = np.asarray(values)
+    return f"{a.mean():.2f}", f"{np.percentile(a, 95):.0f}", _pct(float(np.mean(a <= within)))
+
+
+def table(results: dict[str, Figures], flat: int, stepped: int) -> str:
+    names = list(results)
+    figs = list(results.values())
+    rows = [
+        ("false alarms (no step; target <= 1%)", [_pct(f.false_alarms) for f in figs]),
+        (
+            f"false alarms online (every prefix >= {ONLINE_FROM} points)",
+            ["-" if f.online_false_alarms is None else _pct(f.online_false_alarms) for f in figs],
+        ),
+        ("recall, steps 5-20% (target >= 90%)", [_pct(f.recall) for f in figs]),
+    ]
+    for *_, label in RATIO_BUCKETS:
+        rows.append((f"recall, {label}", [_pct(f.recall_by_ratio[label]) for f in results.values()]))
+    both = set.intersection(*(set(f.location) for f in figs))
+    loc = [_stats(list(f.location.values()), 2) for f in figs]
+    dly = [_stats(list(f.delay.values()), 6) for f in figs]
+    loc_both = [_stats([f.location[k] for k in both], 2) for f in figs]
+    dly_both = [_stats([f.delay[k] for k in both], 6) for f in figs]
+    rows += [
+        ("location error, mean (points)", [s[0] for s in loc]),
+        ("location error, p95 (points)", [s[1] for s in loc]),
+        ("located within 2 points (target: all)", [s[2] for s in loc]),
+        ("delay, mean (points after the step)", [s[0] for s in dly]),
+        ("delay, p95 (points)", [s[1] for s in dly]),
+        ("raised within 6 points (target: all)", [s[2] for s in dly]),
+        (f"on the {len(both)} steps all detect: location error, mean", [s[0] for s in loc_both]),
+        ("... located within 2 points", [s[2] for s in loc_both]),
+        ("... delay, mean", [s[0] for s in dly_both]),
+        ("... raised within 6 points", [s[2] for s in dly_both]),
+    ]
+    out = [f"Corpus: {flat} series without a step, {stepped} with one (100 points each).", ""]
+    out.append("| figure | " + " | ".join(names) + " |")
+    out.append("|---|" + "---|" * len(names))
+    out += [f"| {label} | " + " | ".join(cells) + " |" for label, cells in rows]
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--flat", type=int, default=500)
+    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--candidates",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also compare the methods considered (E-Divisive, windowed Mann-Whitney) on N series of each kind",
+    )
+    args = parser.parse_args()
+    started = time.monotonic()
+    series = corpus(args.seed, args.flat, args.steps)
+    detectors: dict[str, Detector] = {"fleetshard": fleetshard, "t-test 12/12, t > 7": ttest_baseline}
+    results = {name: measure(detect, series) for name, detect in detectors.items()}
+    print(table(results, args.flat, args.steps))
+    if args.candidates:
+        subset = series[: args.candidates] + series[args.flat : args.flat + args.candidates]
+        candidates: dict[str, Detector] = {
+            **detectors,
+            "E-Divisive, 99 permutations, p <= 0.05": e_divisive,
+            "Mann-Whitney 12/12, z > 3.3": mann_whitney_windows,
+        }
+        results = {name: measure(detect, subset, online=False) for name, detect in candidates.items()}
+        print("\nThe methods considered, on the first series of each kind:\n")
+        print(table(results, args.candidates, args.candidates))
+    print(f"\nRun time: {time.monotonic() - started:.1f} s (seed {args.seed})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""The regression detector on series whose truth is known, and a short run of bench/regressions.py's
+corpus against the Perfherder-style baseline (the full run is the README's table)."""
+
+import importlib.util
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+from master.results.changepoint import detect_steps, fixed_at, regressions
+from tests.support import ROOT
+
+
+def noisy(levels: list[tuple[int, float]], noise: float = 0.03, seed: int = 0) -> list[float]:
+    rng = np.random.default_rng(seed)
+    values = np.concatenate([np.full(n, level) for n, level in levels])
+    return list(values * (1 + noise * rng.standard_normal(len(values))))
+
+
+def test_a_clear_step_up_is_found_where_it_is_with_its_size():
+    (step,) = regressions(noisy([(60, 2.0), (40, 2.3)]))
+    assert step.index == 60
+    assert step.before == pytest.approx(2.0, rel=0.02)
+    assert step.after == pytest.approx(2.3, rel=0.02)
+    assert step.change_pct == pytest.approx(15, abs=2)
+    assert step.is_regression
+
+
+def test_a_step_is_raised_a_few_points_after_it():
+    series = noisy([(50, 1.0), (50, 1.2)], noise=0.02, seed=3)
+    raised = next(k for k in range(1, 51) if regressions(series[: 50 + k]))
+    assert raised <= 6
+    assert regressions(series[: 50 + raised])[0].index == 50
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_no_alarm_on_flat_noisy_series_with_outliers(seed):
+    rng = np.random.default_rng(seed)
+    values = 1e-3 * (1 + 0.08 * rng.standard_normal(100))
+    values[rng.choice(100, 2, replace=False)] *= 3  # two slow outliers, one may be the newest point
+    values[-1] *= 1 + 2 * (seed % 2)
+    assert regressions(list(values)) == []
+
+
+def test_a_step_smaller_than_the_minimum_change_is_not_reported():
+    series = noisy([(50, 1.0), (50, 1.03)], noise=0.002)
+    assert detect_steps(series) == []
+    (step,) = detect_steps(series, min_change_pct=2)
+    assert (step.index, round(step.change_pct)) == (50, 3)
+
+
+def test_a_step_down_is_a_step_but_not_a_regression():
+    series = noisy([(50, 1.0), (50, 0.8)])
+    assert regressions(series) == []
+    (step,) = detect_steps(series)
+    assert step.index == 50 and step.change_pct == pytest.approx(-20, abs=2) and not step.is_regression
+
+
+def test_fixed_when_the_series_steps_back_to_the_old_level():
+    series = noisy([(40, 1.0), (30, 1.25), (30, 1.01)], seed=5)
+    (regression,) = regressions(series)
+    assert regression.index == 40
+    assert fixed_at(series, regression) == 70
+    assert fixed_at(series[:70], regression) is None
+    partly = noisy([(40, 1.0), (30, 1.25), (30, 1.12)], seed=5)  # better, still 12% slower
+    (regression,) = regressions(partly)
+    assert fixed_at(partly, regression) is None
+
+
+def test_two_regressions_in_one_series():
+    steps = regressions(noisy([(40, 1.0), (30, 1.2), (30, 1.5)], seed=2))
+    assert [s.index for s in steps] == [40, 70]
+
+
+@pytest.mark.parametrize("values", [[], [1.0] * 5, [1.0] * 100, [0.0] * 100, [1.0, 0.0] * 50])
+def test_short_constant_or_zero_series_have_no_step(values):
+    assert detect_steps(values) == []
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0])
+def test_a_timing_that_is_not_finite_and_non_negative_is_an_error(bad):
+    with pytest.raises(ValueError, match="timings must be finite and non-negative numbers"):
+        detect_steps([1.0] * 50 + [bad])
+
+
+def test_a_step_in_a_series_without_noise_or_with_zeros():
+    assert [s.index for s in regressions([1.0] * 30 + [1.2] * 30)] == [30]
+    assert [s.index for s in regressions([0.0] * 30 + [1.0] * 30)] == [30]
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("regressions_bench", ROOT / "bench" / "regressions.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_short_corpus_meets_the_targets_loosely_and_beats_the_baseline(bench):
+    series = bench.corpus(seed=2, flat=60, stepped=60)
+    ours = bench.measure(bench.fleetshard, series, online=False)
+    baseline = bench.measure(bench.ttest_baseline, series, online=False)
+    assert ours.false_alarms <= 0.04
+    assert ours.recall >= 0.8
+    assert ours.recall > baseline.recall + 0.4
+    assert np.mean(np.array(list(ours.location.values())) <= 2) >= 0.8
+    assert np.mean(np.array(list(ours.delay.values())) <= 6) >= 0.5
+    assert np.mean(list(ours.delay.values())) < np.mean(list(baseline.delay.values()))
+    both = set(ours.location) & set(baseline.location)
+    assert sum(ours.location[k] for k in both) <= sum(baseline.location[k] for k in both) + 1
+    table = bench.table({"fleetshard": ours, "baseline": baseline}, 60, 60)
+    assert "| recall, steps 5-20% (target >= 90%) |" in table
