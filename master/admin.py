@@ -213,7 +213,7 @@ class LabelAdmin(ServiceAdmin):
         return f"{obj.hosts_ready} of {obj.hosts_total}"  # type: ignore[attr-defined]
 
     def create(self, request: HttpRequest, form: forms.Form) -> HttpResponse:
-        labels = services.create_labels(form.cleaned_data["names"])
+        labels = services.create_labels(form.cleaned_data["names"], acting_user=request.user)
         audit(request, labels, "created", ADDITION)
         self.message_user(request, f"created {_listed('label', _names(labels, 'name'))}", messages.SUCCESS)
         return HttpResponseRedirect(self.changelist_url())
@@ -221,7 +221,7 @@ class LabelAdmin(ServiceAdmin):
     @admin.action(description="Delete selected labels", permissions=["change"])
     def delete_labels(self, request: HttpRequest, queryset: QuerySet[Label]) -> TemplateResponse | None:
         def apply(data: dict[str, Any], labels: list[Label]) -> str:
-            moves = services.delete_labels(_names(labels, "name"))
+            moves = services.delete_labels(_names(labels, "name"), acting_user=request.user)
             return _with_moves(f"deleted {_listed('label', _names(labels, 'name'))}", moves)
 
         return form_action(
@@ -254,6 +254,7 @@ class HostAdmin(HostColumns, ServiceAdmin):
         data = form.cleaned_data
         hosts = services.create_hosts(
             data["hostnames"],
+            acting_user=request.user,
             labels=form.labels_names(),  # type: ignore[attr-defined]
             attributes=data["attributes"],
             locked=data["locked"],
@@ -266,7 +267,7 @@ class HostAdmin(HostColumns, ServiceAdmin):
     @admin.action(description="Lock selected hosts…", permissions=["change"])
     def lock_hosts(self, request: HttpRequest, queryset: QuerySet[Host]) -> TemplateResponse | None:
         def apply(data: dict[str, Any], hosts: list[Host]) -> str:
-            services.lock_hosts(_names(hosts), data["reason"])
+            services.lock_hosts(_names(hosts), data["reason"], acting_user=request.user)
             return f"locked {_listed('host', _names(hosts))}" + (f": {data['reason']}" if data["reason"] else "")
 
         return form_action(self, request, queryset, title="Lock hosts", apply=apply, form_class=LockForm, submit="Lock")
@@ -275,7 +276,7 @@ class HostAdmin(HostColumns, ServiceAdmin):
     def unlock_hosts(self, request: HttpRequest, queryset: QuerySet[Host]) -> None:
         hostnames = _names(list(queryset))
         try:
-            services.unlock_hosts(hostnames)
+            services.unlock_hosts(hostnames, acting_user=request.user)
         except FleetshardError as exc:
             self.message_user(request, exc.message, messages.ERROR)
         else:
@@ -285,7 +286,7 @@ class HostAdmin(HostColumns, ServiceAdmin):
     @admin.action(description="Add a label to selected hosts…", permissions=["change"])
     def add_label(self, request: HttpRequest, queryset: QuerySet[Host]) -> TemplateResponse | None:
         def apply(data: dict[str, Any], hosts: list[Host]) -> str:
-            change = services.add_label_to_hosts(data["label"].name, _names(hosts))
+            change = services.add_label_to_hosts(data["label"].name, _names(hosts), acting_user=request.user)
             return _with_moves(f"added label {data['label'].name} to {_listed('host', _names(hosts))}", change.moves)
 
         return form_action(self, request, queryset, title="Add a label", apply=apply, form_class=LabelForm)
@@ -293,7 +294,7 @@ class HostAdmin(HostColumns, ServiceAdmin):
     @admin.action(description="Remove a label from selected hosts…", permissions=["change"])
     def remove_label(self, request: HttpRequest, queryset: QuerySet[Host]) -> TemplateResponse | None:
         def apply(data: dict[str, Any], hosts: list[Host]) -> str:
-            change = services.remove_label_from_hosts(data["label"].name, _names(hosts))
+            change = services.remove_label_from_hosts(data["label"].name, _names(hosts), acting_user=request.user)
             message = f"removed label {data['label'].name} from {_listed('host', _names(hosts))}"
             return _with_moves(message, change.moves)
 
@@ -311,7 +312,7 @@ class HostAdmin(HostColumns, ServiceAdmin):
     @admin.action(description="Delete selected hosts", permissions=["change"])
     def delete_hosts(self, request: HttpRequest, queryset: QuerySet[Host]) -> TemplateResponse | None:
         def apply(data: dict[str, Any], hosts: list[Host]) -> str:
-            services.delete_hosts(_names(hosts))
+            services.delete_hosts(_names(hosts), acting_user=request.user)
             return f"deleted {_listed('host', _names(hosts))}"
 
         return form_action(
@@ -421,7 +422,9 @@ class ShardAdmin(ServiceAdmin):
 
     def create(self, request: HttpRequest, form: forms.Form) -> HttpResponse:
         data = form.cleaned_data
-        shard, raw = services.create_shard(data["hostname"].strip(), [label.name for label in data["labels"]])
+        shard, raw = services.create_shard(
+            data["hostname"].strip(), [label.name for label in data["labels"]], acting_user=request.user
+        )
         audit(request, [shard], "created with a heartbeat token", ADDITION)
         return self.token_page(request, f"Shard {shard.hostname} created", raw, shard=shard)
 
@@ -433,7 +436,7 @@ class ShardAdmin(ServiceAdmin):
 
         def apply(data: dict[str, Any], shards: list[Shard]) -> str:
             names = [label.name for label in data["labels"]]
-            change = services.add_labels_to_shard(shard.hostname, names)
+            change = services.add_labels_to_shard(shard.hostname, names, acting_user=request.user)
             return _with_moves(f"shard {shard.hostname} now owns {_listed('label', names)}", change.moves)
 
         return form_action(self, request, queryset, title=f"Add labels to {shard}", apply=apply, form_class=LabelsForm)
@@ -445,7 +448,7 @@ class ShardAdmin(ServiceAdmin):
             return None
 
         def apply(data: dict[str, Any], shards: list[Shard]) -> str:
-            change = services.remove_label_from_shard(shard.hostname, data["label"].name)
+            change = services.remove_label_from_shard(shard.hostname, data["label"].name, acting_user=request.user)
             return _with_moves(f"removed label {data['label'].name} from shard {shard.hostname}", change.moves)
 
         return form_action(
@@ -462,7 +465,7 @@ class ShardAdmin(ServiceAdmin):
     @admin.action(description="Delete selected shards", permissions=["change"])
     def delete_shards(self, request: HttpRequest, queryset: QuerySet[Shard]) -> TemplateResponse | None:
         def apply(data: dict[str, Any], shards: list[Shard]) -> str:
-            deletion = services.delete_shards(_names(shards))
+            deletion = services.delete_shards(_names(shards), acting_user=request.user)
             return _with_moves(f"deleted {_listed('shard', _names(shards))}", deletion.moves)
 
         return form_action(
@@ -548,7 +551,7 @@ class JobAdmin(JobColumns, ServiceAdmin):
     def abort_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> TemplateResponse | None:
         def apply(data: dict[str, Any], jobs: list[Job]) -> str:
             ids = sorted(job.id for job in jobs)
-            services.abort_jobs(ids)
+            services.abort_jobs(ids, acting_user=request.user)
             listed = ", ".join(map(str, ids))
             return f"aborting job{'s' if len(ids) > 1 else ''} {listed}: their shard stops them at its next heartbeat"
 
@@ -612,7 +615,9 @@ class TokenAdmin(ServiceAdmin):
             if not user.has_perm("common.change_shard"):
                 raise FleetshardError("creating a shard token needs the permission to change shards", field="shard")
             shard = data["shard"]
-            token, raw = services.create_shard_token(shard.hostname, description=data["description"])
+            token, raw = services.create_shard_token(
+                shard.hostname, acting_user=request.user, description=data["description"]
+            )
             audit(request, [token], "created", ADDITION)
             return self.token_page(request, f"New token for shard {shard}", raw, shard=shard, token_obj=token)
         # A token acts as its user: only a superuser may mint one for someone else or for an admin.
@@ -621,7 +626,7 @@ class TokenAdmin(ServiceAdmin):
         if data["username"] != user.get_username() and not user.is_superuser:
             raise FleetshardError("only a superuser can create a token for another user", field="username")
         token, raw = services.create_personal_token(
-            data["username"], admin=data["admin"], description=data["description"]
+            data["username"], acting_user=request.user, admin=data["admin"], description=data["description"]
         )
         audit(request, [token], "created" + (" (admin)" if data["admin"] else ""), ADDITION)
         return self.token_page(request, f"New token for {data['username']}", raw, token_obj=token)
@@ -631,7 +636,7 @@ class TokenAdmin(ServiceAdmin):
         def apply(data: dict[str, Any], tokens: list[Token]) -> str:
             with transaction.atomic():
                 for token in tokens:
-                    services.revoke_token(token.id)
+                    services.revoke_token(token.id, acting_user=request.user)
             return f"revoked {len(tokens)} token{'s' if len(tokens) > 1 else ''}"
 
         return form_action(

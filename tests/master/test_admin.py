@@ -57,7 +57,7 @@ def test_changelists_and_add_pages_render(fleet, staff, model):
 
 
 def test_host_list_shows_status_badges_labels_and_filters(fleet, staff):
-    services.lock_hosts(["a2"], "flaky usb")
+    services.lock_hosts(["a2"], "flaky usb", acting_user=None)
     page = staff.get(url("host")).content.decode()
     assert 'class="fs-badge"' in page and ">Ready</span>" in page
     assert "flaky usb" in page and "board:a, wifi" in page
@@ -115,7 +115,7 @@ def test_lock_action_asks_for_a_reason_and_locks_through_the_service(fleet, staf
 
 
 def test_unlock_action(fleet, staff):
-    services.lock_hosts(["a1"], "x")
+    services.lock_hosts(["a1"], "x", acting_user=None)
     resp = run_action(staff, "host", "unlock_hosts", [host("a1").id])
     assert "unlocked host a1" in messages_of(resp)
     assert not host("a1").locked and host("a1").lock_reason == ""
@@ -160,7 +160,7 @@ def test_abort_action_aborts_through_the_service_and_refuses_finished_jobs(fleet
     assert any(m.startswith(f"aborting job {job.id}") for m in messages_of(resp))
     job.refresh_from_db()
     assert job.aborted and job.version == 2
-    services.delete_shards(["lab1"])  # ends the job Aborted
+    services.delete_shards(["lab1"], acting_user=None)  # ends the job Aborted
     resp = run_action(staff, "job", "abort_jobs", [job.id])
     assert messages_of(resp) == [f"job {job.id} (Aborted) already finished"]
 
@@ -212,14 +212,14 @@ def test_add_label_goes_through_the_service(fleet, staff):
 
 def test_label_list_shows_ready_of_total(fleet, staff, heartbeat):
     heartbeat(fleet.lab1, fleet.token1, known_hosts=[{"id": host("a1").id, "version": 1, "status": "Repairing"}])
-    services.lock_hosts(["a2"])
+    services.lock_hosts(["a2"], acting_user=None)
     rows = {label.name: label for label in staff.get(url("label")).context["cl"].result_list}
     assert (rows["board:a"].hosts_ready, rows["board:a"].hosts_total) == (1, 3)
     assert (rows["wifi"].hosts_ready, rows["wifi"].hosts_total) == (1, 3)
 
 
 def test_create_shard_shows_its_token_once_and_stores_only_a_digest(db, staff, heartbeat):
-    services.create_labels(["board:z"])
+    services.create_labels(["board:z"], acting_user=None)
     resp = staff.post(url("shard", "add"), {"hostname": "lab9", "labels": ["board:z"]})
     assert resp.status_code == 200 and "no-store" in resp["Cache-Control"]
     raw = re.search(r'<code id="fs-token"[^>]*>([^<]+)</code>', resp.content.decode()).group(1)
@@ -319,8 +319,8 @@ def test_adding_a_shard_shows_its_token_so_it_needs_change_shard_too(fleet):
 
 
 def test_label_delete_action_says_which_hosts_left_which_shard(fleet, staff):
-    services.create_labels(["board:x"])
-    services.add_labels_to_shard("lab1", ["board:x"])
-    services.create_hosts(["dut3"], labels=["board:x"])
+    services.create_labels(["board:x"], acting_user=None)
+    services.add_labels_to_shard("lab1", ["board:x"], acting_user=None)
+    services.create_hosts(["dut3"], labels=["board:x"], acting_user=None)
     resp = run_action(staff, "label", "delete_labels", [Label.objects.get(name="board:x").id])
     assert messages_of(resp) == ["deleted label board:x; host dut3 left shard lab1"]

@@ -43,8 +43,8 @@ def test_host_changelist_queries_do_not_grow(fleet, staff):
 
     def add(start: int, count: int) -> None:
         names = [f"h{i:03}" for i in range(start, start + count)]
-        services.create_hosts(names, labels=["board:a", "wifi"])
-        services.lock_hosts(names[::3], "maintenance")
+        services.create_hosts(names, labels=["board:a", "wifi"], acting_user=None)
+        services.lock_hosts(names[::3], "maintenance", acting_user=None)
 
     small, large = grow(staff, "/admin/common/host/", add)
     assert small == large
@@ -66,9 +66,9 @@ def test_job_changelist_queries_do_not_grow(fleet, staff):
 def test_shard_and_label_changelists_and_overview_do_not_grow(db, staff):
     def add(start: int, count: int) -> None:
         for i in range(start, start + count):
-            services.create_labels([f"board:{i}"])
-            services.create_shard(f"lab{i:03}", [f"board:{i}"])
-            services.create_hosts([f"dut{i}"], labels=[f"board:{i}"])
+            services.create_labels([f"board:{i}"], acting_user=None)
+            services.create_shard(f"lab{i:03}", [f"board:{i}"], acting_user=None)
+            services.create_hosts([f"dut{i}"], labels=[f"board:{i}"], acting_user=None)
 
     small, large = grow(staff, "/admin/common/shard/", add)
     assert small == large
@@ -79,7 +79,7 @@ def test_shard_and_label_changelists_and_overview_do_not_grow(db, staff):
 
 
 def test_job_page_with_many_hqes_is_fixed(fleet, staff):
-    services.create_hosts([f"a-extra{i}" for i in range(60)], labels=["board:a"])  # one host per HQE
+    services.create_hosts([f"a-extra{i}" for i in range(60)], labels=["board:a"], acting_user=None)  # one host per HQE
     small = fleet.job("small", meta_hosts=[("board:a", 2)])
     large = fleet.job("large", meta_hosts=[("board:a", 60)])
     staff.get(f"/admin/common/job/{small.id}/change/")

@@ -11,7 +11,7 @@ from tests.master.api.conftest import client_for
 
 
 def test_personal_token_is_refused_by_the_heartbeat(fleet, heartbeat):
-    _, personal = services.create_personal_token("boss", admin=True)
+    _, personal = services.create_personal_token("boss", admin=True, acting_user=None)
     resp = heartbeat.post_raw(json.dumps(heartbeat.body(fleet.lab1)), personal)
     assert resp.status_code == 403
     assert "personal token cannot heartbeat" in resp.json()["error"]
@@ -73,7 +73,7 @@ def staff_with(django_user_model, username: str, codenames: list[str]):
     django_user_model.objects.get(username=username).user_permissions.set(
         Permission.objects.filter(content_type__app_label="common", codename__in=codenames)
     )
-    return client_for(services.create_personal_token(username)[1])
+    return client_for(services.create_personal_token(username, acting_user=None)[1])
 
 
 def needs(perms: list[str]) -> str:
@@ -106,7 +106,7 @@ def test_permissions_without_staff_status_are_not_enough(fleet, django_user_mode
 
     user = django_user_model.objects.create_user("not-staff")
     user.user_permissions.set(Permission.objects.filter(codename="change_host"))
-    client = client_for(services.create_personal_token("not-staff")[1])
+    client = client_for(services.create_personal_token("not-staff", acting_user=None)[1])
     before = snapshot()
     assert client.post("/api/v1/hosts/lock/", {"hostnames": ["a1"]}, format="json").status_code == 403
     assert snapshot() == before
@@ -168,7 +168,9 @@ def test_non_owner_non_staff_cannot_abort(fleet, other_user):
 
 
 def test_bulk_abort_is_all_or_nothing_for_permissions(fleet, other_user):
-    mine = services.create_job(services.JobRequest(name="b", owner="bob", command="true", meta_hosts=[("board:a", 1)]))
+    mine = services.create_job(
+        services.JobRequest(name="b", owner="bob", command="true", meta_hosts=[("board:a", 1)]), acting_user=None
+    )
     theirs = fleet.job()
     resp = other_user.post("/api/v1/jobs/abort/", {"ids": [mine.id, theirs.id]}, format="json")
     assert resp.status_code == 403

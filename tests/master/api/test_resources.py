@@ -66,7 +66,7 @@ def test_shard_create_returns_its_token_once_and_it_heartbeats(fleet, staff, hea
 
 
 def test_dotted_and_coloned_names_are_looked_up(fleet, staff):
-    services.create_hosts(["dut.lab1.example.com"], labels=["board:a"])
+    services.create_hosts(["dut.lab1.example.com"], labels=["board:a"], acting_user=None)
     assert staff.get("/api/v1/hosts/dut.lab1.example.com/").json()["shard"] == "lab1"
     assert staff.get("/api/v1/labels/board%3Aa/").json()["name"] == "board:a"
 
@@ -85,7 +85,7 @@ def test_dotted_and_coloned_names_are_looked_up(fleet, staff):
     ],
 )
 def test_host_filters_and_ordering(fleet, staff, query, expected):
-    services.lock_hosts(["a2"], "broken")
+    services.lock_hosts(["a2"], "broken", acting_user=None)
     from common.models import Host
 
     Host.objects.filter(hostname="a3").update(status="Repairing")
@@ -165,9 +165,9 @@ def count_queries(staff, url: str) -> int:
 def test_list_queries_do_not_grow_with_the_objects(fleet, staff, url):
     fleet.job()
     small = count_queries(staff, url)
-    services.create_labels([f"extra:{i}" for i in range(10)])
-    services.create_shard("lab9", [f"extra:{i}" for i in range(5)])
-    services.create_hosts([f"h{i}" for i in range(10)], labels=["extra:0", "extra:7", "extra:8"])
+    services.create_labels([f"extra:{i}" for i in range(10)], acting_user=None)
+    services.create_shard("lab9", [f"extra:{i}" for i in range(5)], acting_user=None)
+    services.create_hosts([f"h{i}" for i in range(10)], labels=["extra:0", "extra:7", "extra:8"], acting_user=None)
     for i in range(5):
         fleet.job(f"j{i}", meta_hosts=[("extra:0", 3)], dependency_labels=["extra:7"])
     assert count_queries(staff, url) == small
