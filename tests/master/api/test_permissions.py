@@ -48,7 +48,7 @@ def test_any_user_reads_everything(fleet, user):
         assert user.get(url).status_code == 200, url
 
 
-# Each write, the permissions the admin asks for to do the same (master/admin.py), and what it does.
+# Each write, the permissions the admin asks for to do the same (master/admin/), and what it does.
 WRITES = [
     ("/api/v1/labels/", {"names": ["new"]}, ["add_label"], "create labels"),
     ("/api/v1/labels/delete/", {"names": ["wifi"]}, ["change_label"], "delete labels"),
