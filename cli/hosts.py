@@ -6,8 +6,8 @@ from cli.action import Run, action
 from cli.client import segment
 from cli.inputs import HOSTS_FILE, LABELS_FILE, key_values, need, read_list, split
 from cli.output import fields, names, table
+from common.constants import HostStatus
 
-HOST_STATUSES = ("Ready", "Running", "Cleaning", "Repairing", "Repair Failed")
 HOST_COLUMNS = [
     ("Hostname", "hostname"),
     ("Status", "status"),
@@ -58,11 +58,11 @@ def host_create(
 @host.command("list")
 @click.option("--label", metavar="LABEL", help="Only hosts with this label.")
 @click.option("--shard", metavar="SHARD", help="Only hosts of this shard.")
-@click.option("--status", type=click.Choice(HOST_STATUSES, case_sensitive=False), help="Only hosts in this status.")
+@click.option("--status", type=click.Choice(HostStatus.ALL, case_sensitive=False), help="Only hosts in this status.")
 @action
 def host_list(run: Run, label: str | None, shard: str | None, status: str | None) -> None:
     """List hosts."""
-    status = next((s for s in HOST_STATUSES if status and s.lower() == status.lower()), None)
+    status = next((s for s in HostStatus.ALL if status and s.lower() == status.lower()), None)
     hosts = run.api.list("/hosts/", label=label, shard=shard, status=status)
     run.done(hosts, lambda: table(hosts, HOST_COLUMNS))
 

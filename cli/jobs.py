@@ -11,9 +11,11 @@ from cli.action import Run, action
 from cli.client import CliError
 from cli.inputs import HOSTS_FILE, key_values, read_list, split
 from cli.output import fields, names, table, when
+from common.constants import DEFAULT_MAX_RUNTIME_MINS, DEFAULT_TIMEOUT_MINS, JobStatus
 
-TERMINAL_JOB_STATUSES = ("Completed", "Failed", "Aborted", "Expired")
-JOB_STATUSES = ("Queued", "Running", *TERMINAL_JOB_STATUSES)
+# A job in one of these statuses changes no more: `job wait` stops there.
+FINISHED = tuple(s for s in JobStatus.ALL if s not in JobStatus.ACTIVE)
+
 JOB_COLUMNS = [
     ("Id", "id"),
     ("Name", "name"),
@@ -55,8 +57,20 @@ def job() -> None:
 @HOSTS_FILE
 @click.option("-d", "--dependencies", "deps", multiple=True, metavar="LABEL[,LABEL]", help="Labels every host needs.")
 @click.option("-p", "--priority", default="default", show_default=True, help="low, default, high, super or a number.")
-@click.option("--timeout-mins", type=click.IntRange(min=1), default=1440, show_default=True, help="Expire if queued.")
-@click.option("--max-runtime-mins", type=click.IntRange(min=1), default=60, show_default=True, help="Kill after.")
+@click.option(
+    "--timeout-mins",
+    type=click.IntRange(min=1),
+    default=DEFAULT_TIMEOUT_MINS,
+    show_default=True,
+    help="Expire if queued.",
+)
+@click.option(
+    "--max-runtime-mins",
+    type=click.IntRange(min=1),
+    default=DEFAULT_MAX_RUNTIME_MINS,
+    show_default=True,
+    help="Kill after.",
+)
 @click.option("-k", "--keyval", "keyvals", multiple=True, metavar="KEY=VALUE", help="A keyval for the job.")
 @click.option("--parent", type=click.IntRange(min=1), metavar="ID", help="The parent (suite) job.")
 @action
@@ -100,14 +114,14 @@ def job_create(
 
 
 @job.command("list")
-@click.option("--status", type=click.Choice(JOB_STATUSES, case_sensitive=False), help="Only jobs in this status.")
+@click.option("--status", type=click.Choice(JobStatus.ALL, case_sensitive=False), help="Only jobs in this status.")
 @click.option("--owner", metavar="USER", help="Only jobs of this owner.")
 @click.option("--shard", metavar="SHARD", help="Only jobs of this shard.")
 @click.option("--limit", type=click.IntRange(min=0), default=200, show_default=True, help="Newest N jobs; 0: all.")
 @action
 def job_list(run: Run, status: str | None, owner: str | None, shard: str | None, limit: int) -> None:
     """List jobs, newest first."""
-    status = next((s for s in JOB_STATUSES if status and s.lower() == status.lower()), None)
+    status = next((s for s in JobStatus.ALL if status and s.lower() == status.lower()), None)
     jobs = run.api.list("/jobs/", limit=limit or None, status=status, owner=owner, shard=shard)
     if len(jobs) < run.api.total:
         click.echo(f"(the newest {len(jobs)} of {run.api.total} jobs; --limit 0 shows all)", err=True)
@@ -161,7 +175,7 @@ def job_abort(run: Run, job_ids: tuple[int, ...]) -> None:
 def _progress(jobs: list[dict[str, Any]]) -> str:
     counts = Counter(j["status"] for j in jobs)
     return f"{len(jobs)} job{'s' if len(jobs) != 1 else ''}: " + ", ".join(
-        f"{counts[s]} {s}" for s in JOB_STATUSES if counts[s]
+        f"{counts[s]} {s}" for s in JobStatus.ALL if counts[s]
     )
 
 
@@ -187,7 +201,7 @@ def job_wait(run: Run, job_ids: tuple[int, ...], timeout: float | None, interval
         if line != shown:
             click.echo(f"\r\x1b[K{line}" if live else line, err=True, nl=not live)
             shown = line
-        finished = all(j["status"] in TERMINAL_JOB_STATUSES for j in jobs)
+        finished = all(j["status"] in FINISHED for j in jobs)
         timed_out = not finished and deadline is not None and time.monotonic() >= deadline
         if finished or timed_out:
             break
@@ -195,11 +209,11 @@ def job_wait(run: Run, job_ids: tuple[int, ...], timeout: float | None, interval
     if live:
         click.echo("", err=True)
     jobs.sort(key=lambda j: wanted.index(j["id"]))
-    completed = all(j["status"] == "Completed" for j in jobs)
+    completed = all(j["status"] == JobStatus.COMPLETED for j in jobs)
     run.done({"jobs": jobs, "completed": completed, "timed_out": timed_out}, lambda: table(jobs, JOB_COLUMNS))
     if timed_out:
-        pending = ", ".join(f"{j['id']} ({j['status']})" for j in jobs if j["status"] not in TERMINAL_JOB_STATUSES)
+        pending = ", ".join(f"{j['id']} ({j['status']})" for j in jobs if j["status"] not in FINISHED)
         raise CliError(f"timed out after {timeout:g} s; not finished: job {pending}")
     if not completed:
-        failed = ", ".join(f"{j['id']} ({j['status']})" for j in jobs if j["status"] != "Completed")
+        failed = ", ".join(f"{j['id']} ({j['status']})" for j in jobs if j["status"] != JobStatus.COMPLETED)
         raise CliError(f"not every job completed: job {failed}")

@@ -8,6 +8,7 @@ import click
 
 from cli import hosts, jobs, labels, shards
 from cli.client import DEFAULT_SERVER
+from common.constants import CLIENT_VERSION
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -20,7 +21,7 @@ from cli.client import DEFAULT_SERVER
     help="The master's URL [env FLEETSHARD_SERVER].",
 )
 @click.option("--token", envvar="FLEETSHARD_TOKEN", metavar="TOKEN", help="Your API token [env FLEETSHARD_TOKEN].")
-@click.version_option("0.1.0", prog_name="fleetshard")
+@click.version_option(CLIENT_VERSION, prog_name="fleetshard")
 def main(server: str, token: str | None) -> None:
     """Drive a fleetshard master: labels, hosts, shards and jobs."""
 

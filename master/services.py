@@ -13,7 +13,14 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from common.constants import MAX_COMMAND_BYTES, PRIORITY_NAMES, HQEStatus, JobStatus
+from common.constants import (
+    DEFAULT_MAX_RUNTIME_MINS,
+    DEFAULT_TIMEOUT_MINS,
+    MAX_COMMAND_BYTES,
+    PRIORITY_NAMES,
+    HQEStatus,
+    JobStatus,
+)
 from common.errors import FleetshardError, NotFound, Refused
 from common.jobstatus import refresh_job_statuses
 from common.models import Host, HostQueueEntry, Job, Label, Shard, Token
@@ -421,8 +428,8 @@ class JobRequest:
     hosts: list[str] = field(default_factory=list)
     dependency_labels: list[str] = field(default_factory=list)
     priority: int | str = PRIORITY_NAMES["default"]
-    timeout_mins: int = 1440
-    max_runtime_mins: int = 60
+    timeout_mins: int = DEFAULT_TIMEOUT_MINS
+    max_runtime_mins: int = DEFAULT_MAX_RUNTIME_MINS
     keyvals: dict[str, str] = field(default_factory=dict)
     parent_id: int | None = None
 

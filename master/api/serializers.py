@@ -11,7 +11,13 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from common.constants import PRIORITY_NAMES, FailureClass, HostStatus
+from common.constants import (
+    DEFAULT_MAX_RUNTIME_MINS,
+    DEFAULT_TIMEOUT_MINS,
+    PRIORITY_NAMES,
+    FailureClass,
+    HostStatus,
+)
 from common.models import Host, HostQueueEntry, Job, Label, Shard
 
 INT32_MAX = 2**31 - 1
@@ -298,8 +304,12 @@ class JobCreateSerializer(serializers.Serializer):
     hosts = _optional_names()
     dependency_labels = _optional_names()
     priority = PriorityField(required=False, default=PRIORITY_NAMES["default"])
-    timeout_mins = serializers.IntegerField(min_value=1, max_value=INT32_MAX, required=False, default=1440)
-    max_runtime_mins = serializers.IntegerField(min_value=1, max_value=INT32_MAX, required=False, default=60)
+    timeout_mins = serializers.IntegerField(
+        min_value=1, max_value=INT32_MAX, required=False, default=DEFAULT_TIMEOUT_MINS
+    )
+    max_runtime_mins = serializers.IntegerField(
+        min_value=1, max_value=INT32_MAX, required=False, default=DEFAULT_MAX_RUNTIME_MINS
+    )
     keyvals = _StringMap(required=False, default=dict)
     parent = serializers.IntegerField(min_value=1, max_value=INT64_MAX, required=False, allow_null=True, default=None)
 
