@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.contrib.auth.base_user import AbstractBaseUser
-from django.db.models import Model
+from django.db.models import Model, Prefetch, QuerySet
 
 from master.models import AuditRecord, AuditTarget
 
@@ -67,3 +67,10 @@ def record(
 def moves_detail(moves: Iterable[Any]) -> list[dict[str, str | None]]:
     """Host moves (master.services.shared.HostMove) as JSON for `details`."""
     return [{"host": m.hostname, "from": m.from_shard, "to": m.to_shard} for m in moves]
+
+
+def records_of(of: AuditTarget) -> QuerySet[AuditRecord]:
+    """The records that touched one object (an unsaved target from `target`), newest first."""
+    return AuditRecord.objects.filter(
+        id__in=AuditTarget.objects.filter(kind=of.kind, object_id=of.object_id).values("record_id")
+    ).prefetch_related(Prefetch("targets", AuditTarget.objects.order_by("id")))

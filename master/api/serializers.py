@@ -12,9 +12,16 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from common.constants import PRIORITY_NAMES, FailureClass, HostStatus
+from common.constants import (
+    DEFAULT_MAX_RUNTIME_MINS,
+    DEFAULT_TIMEOUT_MINS,
+    PRIORITY_NAMES,
+    FailureClass,
+    HostStatus,
+)
 from common.errors import FleetshardError
 from common.models import Host, HostQueueEntry, Job, Label, Shard
+from master.models import AuditRecord, AuditTarget
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
@@ -226,6 +233,26 @@ class ErrorSerializer(serializers.Serializer):
     detail = serializers.JSONField(allow_null=True)
 
 
+class AuditTargetSerializer(serializers.ModelSerializer):
+    id = serializers.IntegerField(source="object_id", allow_null=True, read_only=True)
+
+    class Meta:
+        model = AuditTarget
+        fields = ["kind", "id", "name"]
+        read_only_fields = fields
+
+
+class AuditRecordSerializer(serializers.ModelSerializer):
+    user = serializers.CharField(source="actor", read_only=True, help_text="The username, or 'system'.")
+    targets = AuditTargetSerializer(many=True, read_only=True)
+    details = serializers.DictField(read_only=True)
+
+    class Meta:
+        model = AuditRecord
+        fields = ["id", "at", "user", "action", "targets", "reason", "details"]
+        read_only_fields = fields
+
+
 # Input
 
 
@@ -345,8 +372,12 @@ class JobCreateSerializer(serializers.Serializer):
     hosts = _optional_names()
     dependency_labels = _optional_names()
     priority = PriorityField(required=False, default=PRIORITY_NAMES["default"])
-    timeout_mins = serializers.IntegerField(min_value=1, max_value=INT32_MAX, required=False, default=1440)
-    max_runtime_mins = serializers.IntegerField(min_value=1, max_value=INT32_MAX, required=False, default=60)
+    timeout_mins = serializers.IntegerField(
+        min_value=1, max_value=INT32_MAX, required=False, default=DEFAULT_TIMEOUT_MINS
+    )
+    max_runtime_mins = serializers.IntegerField(
+        min_value=1, max_value=INT32_MAX, required=False, default=DEFAULT_MAX_RUNTIME_MINS
+    )
     keyvals = _StringMap(required=False, default=dict)
     parent = serializers.IntegerField(min_value=1, max_value=INT64_MAX, required=False, allow_null=True, default=None)
 

@@ -18,11 +18,12 @@ from common.errors import NotFound
 from common.models import Host, HostQueueEntry, Job, Label, Shard
 from master import services
 from master.api import serializers as s
-from master.api.filters import HostFilter, JobFilter, LabelFilter
+from master.api.filters import AuditFilter, HostFilter, JobFilter, LabelFilter
 from master.api.pagination import BoundedLimitOffsetPagination
 from master.api.parsers import BoundedJSONParser
 from master.api.permissions import AdminPermissionsOrReadOnly, IsOwnerOrStaffToAbort, may_abort
 from master.api.schema import FleetshardAutoSchema
+from master.models import AuditRecord, AuditTarget
 
 NO_CONTENT = OpenApiResponse(description="Done; nothing to return.")
 
@@ -374,3 +375,22 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
                 _in_order(self.get_queryset().filter(id__in=ids), "id", [j.id for j in jobs]), many=True
             ).data
         )
+
+
+@extend_schema_view(
+    list=extend_schema(
+        description="Changes made on the master, newest first: who, when, what, to which objects, and why."
+    ),
+)
+@extend_schema(tags=["audit"])
+class AuditViewSet(mixins.ListModelMixin, _Base):
+    """The audit trail, read-only: each record is written by the change it describes, in its transaction."""
+
+    serializer_class = s.AuditRecordSerializer
+    permission_classes = [AdminPermissionsOrReadOnly]
+    write_permissions: dict[str, tuple[tuple[str, ...], str]] = {}
+    filterset_class = AuditFilter
+    ordering_fields = ["at", "id"]
+
+    def get_queryset(self) -> QuerySet:
+        return AuditRecord.objects.prefetch_related(Prefetch("targets", AuditTarget.objects.order_by("id")))

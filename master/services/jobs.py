@@ -8,7 +8,13 @@ from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import transaction
 from django.db.models import F
 
-from common.constants import DEFAULT_PRIORITY, MAX_COMMAND_BYTES, JobStatus
+from common.constants import (
+    DEFAULT_MAX_RUNTIME_MINS,
+    DEFAULT_PRIORITY,
+    DEFAULT_TIMEOUT_MINS,
+    MAX_COMMAND_BYTES,
+    JobStatus,
+)
 from common.errors import FleetshardError, NotFound, Refused
 from common.models import HostQueueEntry, Job
 from master.assignment import HQESpec, check_capacity, route_job
@@ -32,8 +38,8 @@ class JobRequest:
     hosts: list[str] = field(default_factory=list)
     dependency_labels: list[str] = field(default_factory=list)
     priority: int = DEFAULT_PRIORITY
-    timeout_mins: int = 1440
-    max_runtime_mins: int = 60
+    timeout_mins: int = DEFAULT_TIMEOUT_MINS
+    max_runtime_mins: int = DEFAULT_MAX_RUNTIME_MINS
     keyvals: dict[str, str] = field(default_factory=dict)
     parent_id: int | None = None
 

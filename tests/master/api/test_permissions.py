@@ -36,6 +36,33 @@ def test_unknown_or_malformed_token_is_refused(db, header):
     assert resp.json()["error"]
 
 
+@pytest.mark.parametrize("scheme", ["Bearer", "bearer", "Token"])
+def test_the_rest_api_takes_a_token_as_bearer_or_drf_token(fleet, scheme):
+    from rest_framework.test import APIClient
+
+    _, raw = services.create_personal_token("ana")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"{scheme} {raw}  ")
+    assert client.get("/api/v1/labels/").status_code == 200
+
+
+@pytest.mark.parametrize("header", ["Token {raw}", "Bearer ", "{raw}", "Basic {raw}"])
+def test_the_heartbeat_takes_only_a_bearer_token(fleet, heartbeat, header):
+    before = snapshot()
+    body = json.dumps(heartbeat.body(fleet.lab1))
+    resp = heartbeat.client.post(
+        "/api/v1/heartbeat",
+        data=body,
+        content_type="application/json",
+        HTTP_AUTHORIZATION=header.format(raw=fleet.token1),
+    )
+    assert resp.status_code == 401
+    assert resp.json()["error"] == "missing shard token: send 'Authorization: Bearer <shard token>'"
+    assert resp.json()["detail"] == {"field": "Authorization"}
+    assert snapshot() == before
+    assert heartbeat.post_raw(body, fleet.token1).status_code == 200  # the same token as Bearer works
+
+
 def test_anonymous_requests_are_refused(fleet, anonymous):
     for url in ("/api/v1/labels/", "/api/v1/hosts/a1/", "/api/v1/shards/", "/api/v1/jobs/"):
         resp = anonymous.get(url)
@@ -48,7 +75,7 @@ def test_any_user_reads_everything(fleet, user):
         assert user.get(url).status_code == 200, url
 
 
-# Each write, the permissions the admin asks for to do the same (master/admin.py), and what it does.
+# Each write, the permissions the admin asks for to do the same (master/admin/), and what it does.
 WRITES = [
     ("/api/v1/labels/", {"names": ["new"]}, ["add_label"], "create labels"),
     ("/api/v1/labels/delete/", {"names": ["wifi"]}, ["change_label"], "delete labels"),
