@@ -2,7 +2,7 @@
 or shard is an error that names it (404) rather than a silently empty list."""
 
 import re
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.db.models import QuerySet
 from django.utils import timezone
@@ -87,7 +87,7 @@ def parse_since(text: str, now: datetime) -> datetime:
             f"invalid since {text!r}: use an ISO time (2026-11-23T04:00:00Z) or an age such as 90m, 24h or 7d",
             field="since",
         )
-    return when if timezone.is_aware(when) else timezone.make_aware(when, timezone.utc)
+    return when if timezone.is_aware(when) else when.replace(tzinfo=UTC)
 
 
 def _touching(queryset: QuerySet, kind: str, **target: object) -> QuerySet:
