@@ -12,6 +12,7 @@ from django.test import Client
 from common.models import Host, Job, Label, Shard, Token
 from common.tokens import digest_of, find_token
 from master import services
+from master.models import AuditRecord
 
 
 def host(name: str) -> Host:
@@ -282,10 +283,44 @@ def test_admin_needs_staff(fleet):
     assert client.get("/admin/fleet/").status_code == 302
 
 
-def test_actions_are_recorded_in_the_objects_history(fleet, staff):
-    run_action(staff, "host", "lock_hosts", [host("a1").id], reason="bad battery")
+def test_an_admin_action_records_the_admin_user(fleet, staff):
+    run_action(staff, "host", "lock_hosts", [host("a1").id, host("a2").id], reason="bad battery")
+    entry = AuditRecord.objects.order_by("-id").first()
+    assert (entry.user.username, entry.action, entry.reason) == ("op", "host.lock", "bad battery")
+    assert [(t.kind, t.name) for t in entry.targets.all()] == [("host", "a1"), ("host", "a2")]
+
+
+def test_a_refused_admin_action_writes_no_record(fleet, staff):
+    before = AuditRecord.objects.count()
+    resp = run_action(staff, "shard", "add_labels", [fleet.lab1.id], labels=["board:b"])
+    assert messages_of(resp) == ["label board:b already belongs to shard lab2"]
+    assert AuditRecord.objects.count() == before and Label.objects.get(name="board:b").shard == fleet.lab2
+
+
+def test_an_objects_history_page_shows_its_audit_trail_from_every_entry_point(fleet, staff):
+    """Changes made elsewhere (here a service call as the API or the CLI would make it) show too."""
+    services.lock_hosts(["a1"], "from the api", acting_user=User.objects.get(username="op"))
+    run_action(staff, "host", "unlock_hosts", [host("a1").id])
+    services.lock_hosts(["a2"], "not this host", acting_user=None)
     page = staff.get(url("host", f"{host('a1').id}/history")).content.decode()
-    assert "locked host a1: bad battery" in page and "op" in page
+    rows = re.findall(r"<tr>\s*<th scope=\"row\">[^<]*</th>(.*?)</tr>", page, re.S)
+    cells = [[c.strip() for c in re.findall(r"<td>(.*?)</td>", row, re.S)] for row in rows]
+    assert cells == [
+        ["op", "host.unlock", "-", "host a1"],
+        ["op", "host.lock", "from the api", "host a1"],
+        ["system", "host.create", "-", "host a1, host a2, label board:a, label wifi"],
+    ]
+
+
+def test_the_audit_trail_is_read_only_in_the_admin(fleet, staff):
+    services.lock_hosts(["a1"], "x", acting_user=None)
+    entry = AuditRecord.objects.order_by("-id").first()
+    page = staff.get("/admin/master/auditrecord/").content.decode()
+    assert "host.lock" in page and "host a1" in page
+    assert staff.get(f"/admin/master/auditrecord/{entry.id}/change/").status_code == 200
+    assert staff.post(f"/admin/master/auditrecord/{entry.id}/delete/", {"post": "yes"}).status_code == 403
+    assert staff.get("/admin/master/auditrecord/add/").status_code == 403
+    assert AuditRecord.objects.filter(id=entry.id).exists()
 
 
 def test_view_only_staff_sees_no_actions_and_cannot_run_them(fleet):
