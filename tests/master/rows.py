@@ -12,13 +12,13 @@ def add_rows(start: int, count: int) -> None:
     """
     for i in range(start, start + count):
         label, hostname = f"board:{i}", f"dut{i:03}"
-        services.create_labels([label])
-        services.create_shard(f"lab{i:03}", [label])
-        services.create_hosts([hostname], labels=[label])
+        services.create_labels([label], acting_user=None)
+        services.create_shard(f"lab{i:03}", [label], acting_user=None)
+        services.create_hosts([hostname], labels=[label], acting_user=None)
         req = services.JobRequest(
             name=f"job{i}", owner="ana", command="true", meta_hosts=[(label, 1)], dependency_labels=[label]
         )
-        services.create_job(req)
+        services.create_job(req, acting_user=None)
         if i % 2:
-            services.lock_hosts([hostname], "maintenance")
-            services.create_personal_token(f"user{i}")
+            services.lock_hosts([hostname], "maintenance", acting_user=None)
+            services.create_personal_token(f"user{i}", acting_user=None)
