@@ -35,11 +35,13 @@ ROUNDS = 5
 
 def measure(n: int) -> dict[str, float]:
     label = f"bench:{n}"
-    services.create_labels([label])
-    shard, token = services.create_shard(f"bench{n}", [label])
-    services.create_hosts([f"b{n}-{i}" for i in range(n)], labels=[label])
+    services.create_labels([label], acting_user=None)
+    shard, token = services.create_shard(f"bench{n}", [label], acting_user=None)
+    services.create_hosts([f"b{n}-{i}" for i in range(n)], labels=[label], acting_user=None)
     jobs = [
-        services.create_job(services.JobRequest(name=f"b{i}", owner="bench", command="true", meta_hosts=[(label, 1)]))
+        services.create_job(
+            services.JobRequest(name=f"b{i}", owner="bench", command="true", meta_hosts=[(label, 1)]), acting_user=None
+        )
         for i in range(n)
     ]
     hqes = list(HostQueueEntry.objects.filter(job__in=jobs).values_list("id", "job_id"))

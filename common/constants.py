@@ -9,6 +9,7 @@ from enum import StrEnum, nonmember
 from typing import Final
 
 PROTOCOL_VERSION: Final = 1
+# The one version string: the package's (pyproject.toml reads it here), the CLI's --version, a shard's heartbeat.
 CLIENT_VERSION: Final = "0.1.0"
 
 MAX_UPDATES_PER_HEARTBEAT: Final = 1000
@@ -75,6 +76,9 @@ def hqe_can_move(old: str, new: str) -> bool:
 
 PRIORITY_NAMES: Final = {"low": 10, "default": 40, "high": 70, "super": 80}
 DEFAULT_PRIORITY: Final = PRIORITY_NAMES["default"]
+# A job's defaults when its submitter gives none: expire after a day queued, kill after an hour running.
+DEFAULT_TIMEOUT_MINS: Final = 1440
+DEFAULT_MAX_RUNTIME_MINS: Final = 60
 
 
 def derive_job_status(hqe_statuses: list[str]) -> JobStatus:

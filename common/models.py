@@ -6,7 +6,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 from common.constants import (
+    DEFAULT_MAX_RUNTIME_MINS,
     DEFAULT_PRIORITY,
+    DEFAULT_TIMEOUT_MINS,
     OFFLINE_AFTER_INTERVALS,
     FailureClass,
     HostStatus,
@@ -96,8 +98,8 @@ class Job(models.Model):
     owner = models.CharField(max_length=150)
     priority = models.IntegerField(default=DEFAULT_PRIORITY)
     command = models.TextField()
-    timeout_mins = models.PositiveIntegerField(default=1440)
-    max_runtime_mins = models.PositiveIntegerField(default=60)
+    timeout_mins = models.PositiveIntegerField(default=DEFAULT_TIMEOUT_MINS)
+    max_runtime_mins = models.PositiveIntegerField(default=DEFAULT_MAX_RUNTIME_MINS)
     dependency_labels = models.ManyToManyField(Label, blank=True, related_name="dependent_jobs")
     keyvals = models.JSONField(default=dict, blank=True)
     # No database constraint: a shard holds a job's parent id without holding the parent.

@@ -1,11 +1,22 @@
 """REST API authentication with personal tokens; shard tokens are refused here (heartbeat only)."""
 
+from collections.abc import Collection
 from typing import Any
 
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
 from common.tokens import find_token, touch
+
+
+def bearer_token(header: str, schemes: Collection[str] = ("bearer",)) -> str | None:
+    """The raw token of an `Authorization: <scheme> <token>` header; None when it is not one.
+
+    The REST API also takes DRF's usual "Token" scheme; the heartbeat takes only Bearer (docs/protocol.md).
+    """
+    scheme, _, raw = header.partition(" ")
+    raw = raw.strip()
+    return raw if raw and scheme.lower() in schemes else None
 
 
 class PersonalTokenAuthentication(authentication.BaseAuthentication):
@@ -15,10 +26,10 @@ class PersonalTokenAuthentication(authentication.BaseAuthentication):
         header = authentication.get_authorization_header(request).decode("latin-1")
         if not header:
             return None
-        scheme, _, raw = header.partition(" ")
-        if scheme.lower() not in ("bearer", "token") or not raw.strip():
+        raw = bearer_token(header, schemes=("bearer", "token"))
+        if raw is None:
             raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <token>'")
-        token = find_token(raw.strip())
+        token = find_token(raw)
         if token is None:
             raise exceptions.AuthenticationFailed("unknown or revoked token")
         if token.user_id is None:

@@ -10,6 +10,7 @@ from django.views.decorators.http import require_POST
 
 from common.tokens import find_token, touch
 from common.wire import HeartbeatRequest, ProtocolMismatch, WireError, error_body, loads
+from master.auth import bearer_token
 from master.heartbeat import InstanceConflict, process_heartbeat
 
 log = logging.getLogger(__name__)
@@ -33,11 +34,11 @@ def heartbeat(request: HttpRequest) -> JsonResponse:
     except RequestDataTooBig:
         return _error(413, "request body is larger than 10 MiB", "body")
 
-    scheme, _, raw_token = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not raw_token.strip():
+    raw_token = bearer_token(request.headers.get("Authorization", ""))
+    if raw_token is None:
         return _error(401, "missing shard token: send 'Authorization: Bearer <shard token>'", "Authorization")
     try:
-        token = find_token(raw_token.strip())
+        token = find_token(raw_token)
     except DatabaseFailure as exc:
         return _unavailable(exc)
     if token is None:

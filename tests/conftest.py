@@ -31,17 +31,19 @@ class Fleet:
     """Two shards, each owning one board label, with hosts; the default world of master tests."""
 
     def __init__(self) -> None:
-        services.create_labels(["board:a", "board:b", "board:c", "wifi", "pool:x"])
-        self.lab1, self.token1 = services.create_shard("lab1", ["board:a"])
-        self.lab2, self.token2 = services.create_shard("lab2", ["board:b"])
-        services.create_hosts(["a1", "a2"], labels=["board:a", "wifi"])
-        services.create_hosts(["a3"], labels=["board:a"])
-        services.create_hosts(["b1"], labels=["board:b", "wifi"])
-        services.create_hosts(["c1"], labels=["board:c"])
+        services.create_labels(["board:a", "board:b", "board:c", "wifi", "pool:x"], acting_user=None)
+        self.lab1, self.token1 = services.create_shard("lab1", ["board:a"], acting_user=None)
+        self.lab2, self.token2 = services.create_shard("lab2", ["board:b"], acting_user=None)
+        services.create_hosts(["a1", "a2"], labels=["board:a", "wifi"], acting_user=None)
+        services.create_hosts(["a3"], labels=["board:a"], acting_user=None)
+        services.create_hosts(["b1"], labels=["board:b", "wifi"], acting_user=None)
+        services.create_hosts(["c1"], labels=["board:c"], acting_user=None)
 
     def job(self, name: str = "smoke", **kwargs: Any) -> Any:
         kwargs.setdefault("meta_hosts", [("board:a", 1)])
-        return services.create_job(services.JobRequest(name=name, owner="ana", command="true", **kwargs))
+        return services.create_job(
+            services.JobRequest(name=name, owner="ana", command="true", **kwargs), acting_user=None
+        )
 
 
 @pytest.fixture

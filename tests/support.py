@@ -241,12 +241,12 @@ def make_world(master: Master, prefix: str, hosts: int = 2, jobs: int = 1, hqes_
         f"""
 from master import services
 label = "{prefix}:board"
-services.create_labels([label])
-shard, token = services.create_shard("{prefix}.lab", [label])
-hosts = services.create_hosts(["{prefix}-h%d" % i for i in range({hosts})], labels=[label])
+services.create_labels([label], acting_user=None)
+shard, token = services.create_shard("{prefix}.lab", [label], acting_user=None)
+hosts = services.create_hosts(["{prefix}-h%d" % i for i in range({hosts})], acting_user=None, labels=[label])
 jobs = [
     services.create_job(services.JobRequest(
-        name="{prefix}-j%d" % i, owner="ana", command="true", meta_hosts=[(label, {hqes_per_job})]))
+        name="{prefix}-j%d" % i, owner="ana", command="true", meta_hosts=[(label, {hqes_per_job})]), acting_user=None)
     for i in range({jobs})
 ]
 result = {{"shard": shard.hostname, "shard_id": shard.id, "token": token, "label": label,

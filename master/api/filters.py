@@ -1,7 +1,12 @@
 """Query filters of the list endpoints. Filters by name resolve the name first, so an unknown label
 or shard is an error that names it (404) rather than a silently empty list."""
 
+import re
+from datetime import UTC, datetime, timedelta
+
 from django.db.models import QuerySet
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from django_filters import rest_framework as filters
 
 from common.constants import HostStatus, JobStatus
@@ -9,6 +14,7 @@ from common.errors import FleetshardError
 from common.models import Host, Job, Label
 from master import services
 from master.api.serializers import INT64_MAX
+from master.models import AuditRecord, AuditTarget
 
 
 def _by_shard(queryset: QuerySet, name: str, value: str) -> QuerySet:
@@ -61,3 +67,55 @@ class JobFilter(filters.FilterSet):
                 raise FleetshardError(f"invalid job id {part!r} in ids: use positive integers", field="ids")
             ids.append(int(part))
         return queryset.filter(id__in=ids)
+
+
+_AGE_RE = re.compile(r"([0-9]{1,6})([smhdw])")
+_AGE_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+def parse_since(text: str, now: datetime) -> datetime:
+    """`2026-11-23T04:00:00Z` (a naive time is UTC) or an age before `now` such as 90m, 24h, 7d."""
+    age = _AGE_RE.fullmatch(text.strip())
+    if age:
+        return now - timedelta(**{_AGE_UNITS[age[2]]: int(age[1])})
+    try:
+        when = parse_datetime(text.strip())
+    except ValueError:
+        when = None
+    if when is None:
+        raise FleetshardError(
+            f"invalid since {text!r}: use an ISO time (2026-11-23T04:00:00Z) or an age such as 90m, 24h or 7d",
+            field="since",
+        )
+    return when if timezone.is_aware(when) else when.replace(tzinfo=UTC)
+
+
+def _touching(queryset: QuerySet, kind: str, **target: object) -> QuerySet:
+    return queryset.filter(id__in=AuditTarget.objects.filter(kind=kind, **target).values("record_id"))
+
+
+class AuditFilter(filters.FilterSet):
+    host = filters.CharFilter(method="filter_host", help_text="Only changes that touched this host (hostname).")
+    job = filters.CharFilter(method="filter_job", help_text="Only changes that touched this job (id).")
+    user = filters.CharFilter(
+        field_name="actor", help_text="Only changes by this username ('system': the master's own)."
+    )
+    since = filters.CharFilter(
+        method="filter_since", help_text="Only changes at or after this ISO time, or within this age (90m, 24h, 7d)."
+    )
+
+    class Meta:
+        model = AuditRecord
+        fields = ["host", "job", "user", "since"]
+
+    def filter_host(self, queryset: QuerySet, name: str, value: str) -> QuerySet:
+        # By name: the trail outlives the host, and a deleted host's changes stay findable.
+        return _touching(queryset, "host", name=value)
+
+    def filter_job(self, queryset: QuerySet, name: str, value: str) -> QuerySet:
+        if not (value.isascii() and value.isdigit() and len(value) < 20 and 0 < int(value) <= INT64_MAX):
+            raise FleetshardError(f"invalid job id {value!r}: use a positive integer", field="job")
+        return _touching(queryset, "job", object_id=int(value))
+
+    def filter_since(self, queryset: QuerySet, name: str, value: str) -> QuerySet:
+        return queryset.filter(at__gte=parse_since(value, timezone.now()))

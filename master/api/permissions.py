@@ -1,7 +1,7 @@
 """Who may do what through the REST API: the same as through the admin, never more.
 
 Everyone signed in reads and submits jobs. Changing labels, hosts and shards needs what the admin
-asks for: staff status and the Django model permission of the admin's page or action (master/admin.py:
+asks for: staff status and the Django model permission of the admin's page or action (master/admin/:
 its add pages need add_<model>, its actions, deletions included, change_<model>; a shard token
 needs change_shard). A staff account without permissions can use neither the admin nor the API
 to change the fleet. Superusers hold every permission.

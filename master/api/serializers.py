@@ -1,7 +1,8 @@
 """Wire shapes of the REST API. Output field names are a contract the CLI's JSON and scripts rely on: add, never rename.
 
-Input serializers only check types and sizes, so that nothing malformed reaches the database
-(PostgreSQL refuses NUL characters and out-of-range integers with a 500); the rules live in
+Input serializers check types and sizes, so that nothing malformed reaches the database
+(PostgreSQL refuses NUL characters and out-of-range integers with a 500), and turn people's syntax
+(`board:x*3`, priority `high`) into the typed values the services take; the rules live in
 master.services.
 """
 
@@ -11,12 +12,65 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from common.constants import PRIORITY_NAMES, FailureClass, HostStatus
+from common.constants import (
+    DEFAULT_MAX_RUNTIME_MINS,
+    DEFAULT_TIMEOUT_MINS,
+    PRIORITY_NAMES,
+    FailureClass,
+    HostStatus,
+)
+from common.errors import FleetshardError
 from common.models import Host, HostQueueEntry, Job, Label, Shard
+from master.models import AuditRecord, AuditTarget
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 _ASCII_DIGITS = re.compile(r"[0-9]+")
+_PRIORITY_RE = re.compile(r"[+-]?[0-9]{1,10}")
+
+
+def parse_priority(value: str | int) -> int:
+    """An integer from -(2^31-1) to 2^31-1 or a priority name. Digits are ASCII only: Python's int()
+    takes '²', '٣' and '1_0', which nobody means as a priority."""
+    names = ", ".join(f"{k}={v}" for k, v in PRIORITY_NAMES.items())
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise FleetshardError(f"invalid priority {value!r}: use an integer or one of {names}", field="priority")
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in PRIORITY_NAMES:
+            return PRIORITY_NAMES[text]
+        if not _PRIORITY_RE.fullmatch(text):
+            raise FleetshardError(f"invalid priority {value!r}: use an integer or one of {names}", field="priority")
+        value = int(text)
+    if abs(value) > INT32_MAX:
+        raise FleetshardError(
+            f"invalid priority {value}: it must be between {-INT32_MAX} and {INT32_MAX}", field="priority"
+        )
+    return value
+
+
+def parse_meta_hosts(text: str) -> list[tuple[str, int]]:
+    """`board:pixel7*3,board:x` -> [("board:pixel7", 3), ("board:x", 1)].
+
+    N is plain ASCII decimal digits (not '+3', ' 3', '1_0' or '٣', all of which int() takes); its
+    size is judged by create_job against the per-job bound, so a huge N is an error naming it."""
+    result = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        name, star, count = item.partition("*")
+        if not name.strip():
+            raise FleetshardError(f"invalid meta-host {item!r}: it needs a label before '*'", field="meta_hosts")
+        if star and not _ASCII_DIGITS.fullmatch(count):
+            raise FleetshardError(
+                f"invalid meta-host {item!r}: the count after '*' must be a whole number in ASCII digits, such as "
+                f"{name}*2",
+                field="meta_hosts",
+            )
+        # Python refuses to convert over 4300 digits; any count that long is over the bound anyway.
+        n = (int(count) if len(count) <= 100 else 10**100) if star else 1
+        result.append((name, n))
+    return result
 
 
 def _storable(value: str) -> str:
@@ -179,6 +233,26 @@ class ErrorSerializer(serializers.Serializer):
     detail = serializers.JSONField(allow_null=True)
 
 
+class AuditTargetSerializer(serializers.ModelSerializer):
+    id = serializers.IntegerField(source="object_id", allow_null=True, read_only=True)
+
+    class Meta:
+        model = AuditTarget
+        fields = ["kind", "id", "name"]
+        read_only_fields = fields
+
+
+class AuditRecordSerializer(serializers.ModelSerializer):
+    user = serializers.CharField(source="actor", read_only=True, help_text="The username, or 'system'.")
+    targets = AuditTargetSerializer(many=True, read_only=True)
+    details = serializers.DictField(read_only=True)
+
+    class Meta:
+        model = AuditRecord
+        fields = ["id", "at", "user", "action", "targets", "reason", "details"]
+        read_only_fields = fields
+
+
 # Input
 
 
@@ -264,9 +338,9 @@ class ShardHostnamesSerializer(serializers.Serializer):
     }
 )
 class PriorityField(serializers.Field):
-    """An integer or a priority name; master.services.parse_priority decides which names exist."""
+    """An integer or a priority name (parse_priority decides which names exist), read as an integer."""
 
-    def to_internal_value(self, data: Any) -> int | str:
+    def to_internal_value(self, data: Any) -> int:
         if isinstance(data, bool) or not isinstance(data, int | str):
             raise serializers.ValidationError("must be an integer or a priority name")
         if isinstance(data, int) and abs(data) > INT32_MAX:
@@ -274,12 +348,12 @@ class PriorityField(serializers.Field):
         if isinstance(data, str):
             _storable(data)
             # ASCII digits only: '²'.isdigit() is true but int('²') raises. Other text goes to
-            # master.services.parse_priority, which names what is accepted.
+            # parse_priority, which names what is accepted.
             text = data.strip()
             digits = text[1:] if text[:1] in "+-" else text
             if _ASCII_DIGITS.fullmatch(digits) and (len(digits) > 10 or abs(int(digits)) > INT32_MAX):
                 raise serializers.ValidationError(f"must be between {-INT32_MAX} and {INT32_MAX}")
-        return data
+        return parse_priority(data)
 
     def to_representation(self, value: Any) -> Any:
         return value
@@ -298,10 +372,17 @@ class JobCreateSerializer(serializers.Serializer):
     hosts = _optional_names()
     dependency_labels = _optional_names()
     priority = PriorityField(required=False, default=PRIORITY_NAMES["default"])
-    timeout_mins = serializers.IntegerField(min_value=1, max_value=INT32_MAX, required=False, default=1440)
-    max_runtime_mins = serializers.IntegerField(min_value=1, max_value=INT32_MAX, required=False, default=60)
+    timeout_mins = serializers.IntegerField(
+        min_value=1, max_value=INT32_MAX, required=False, default=DEFAULT_TIMEOUT_MINS
+    )
+    max_runtime_mins = serializers.IntegerField(
+        min_value=1, max_value=INT32_MAX, required=False, default=DEFAULT_MAX_RUNTIME_MINS
+    )
     keyvals = _StringMap(required=False, default=dict)
     parent = serializers.IntegerField(min_value=1, max_value=INT64_MAX, required=False, allow_null=True, default=None)
+
+    def validate_meta_hosts(self, value: list[str]) -> list[tuple[str, int]]:
+        return [pair for text in value for pair in parse_meta_hosts(text)]
 
 
 class JobIdsSerializer(serializers.Serializer):

@@ -11,6 +11,7 @@ router.register("labels", views.LabelViewSet, basename="label")
 router.register("hosts", views.HostViewSet, basename="host")
 router.register("shards", views.ShardViewSet, basename="shard")
 router.register("jobs", views.JobViewSet, basename="job")
+router.register("audit", views.AuditViewSet, basename="audit")
 
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),

@@ -18,11 +18,12 @@ from common.errors import NotFound
 from common.models import Host, HostQueueEntry, Job, Label, Shard
 from master import services
 from master.api import serializers as s
-from master.api.filters import HostFilter, JobFilter, LabelFilter
+from master.api.filters import AuditFilter, HostFilter, JobFilter, LabelFilter
 from master.api.pagination import BoundedLimitOffsetPagination
 from master.api.parsers import BoundedJSONParser
 from master.api.permissions import AdminPermissionsOrReadOnly, IsOwnerOrStaffToAbort, may_abort
 from master.api.schema import FleetshardAutoSchema
+from master.models import AuditRecord, AuditTarget
 
 NO_CONTENT = OpenApiResponse(description="Done; nothing to return.")
 
@@ -89,7 +90,7 @@ class LabelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
     @extend_schema(request=s.LabelNamesSerializer, responses={201: s.LabelSerializer(many=True)})
     def create(self, request: Request) -> Response:
         """Creates all the named labels or, when one exists or is invalid, none."""
-        labels = services.create_labels(_valid(s.LabelNamesSerializer, request)["names"])
+        labels = services.create_labels(_valid(s.LabelNamesSerializer, request)["names"], acting_user=self.request.user)
         return Response(s.LabelSerializer(labels, many=True).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(responses={200: s.LabelDeletionSerializer})
@@ -104,7 +105,7 @@ class LabelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
         return self._delete(_valid(s.LabelNamesSerializer, request)["names"])
 
     def _delete(self, names: list[str]) -> Response:
-        moves = services.delete_labels(names)
+        moves = services.delete_labels(names, acting_user=self.request.user)
         return Response(s.LabelDeletionSerializer({"deleted": list(dict.fromkeys(names)), "hosts_moved": moves}).data)
 
     @extend_schema(request=s.HostsOfLabelSerializer, responses={200: s.LabelHostsSerializer})
@@ -112,7 +113,7 @@ class LabelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
     def add_hosts(self, request: Request, name: str) -> Response:
         """Adds the label to hosts; those without a shard join the label's shard (named in hosts_moved)."""
         hostnames = _valid(s.HostsOfLabelSerializer, request)["hosts"]
-        change = services.add_label_to_hosts(_path_name(name, "label"), hostnames)
+        change = services.add_label_to_hosts(_path_name(name, "label"), hostnames, acting_user=request.user)
         return self._hosts_change(name, hostnames, change)
 
     @extend_schema(request=s.HostsOfLabelSerializer, responses={200: s.LabelHostsSerializer})
@@ -120,7 +121,7 @@ class LabelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
     def remove_hosts(self, request: Request, name: str) -> Response:
         """Removes the label from hosts; hosts whose shard came from it leave that shard (named in hosts_moved)."""
         hostnames = _valid(s.HostsOfLabelSerializer, request)["hosts"]
-        change = services.remove_label_from_hosts(_path_name(name, "label"), hostnames)
+        change = services.remove_label_from_hosts(_path_name(name, "label"), hostnames, acting_user=request.user)
         return self._hosts_change(name, hostnames, change)
 
     def _hosts_change(self, name: str, hostnames: list[str], change: services.HostsChange) -> Response:
@@ -167,6 +168,7 @@ class HostViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
         data = _valid(s.HostCreateSerializer, request)
         services.create_hosts(
             data["hostnames"],
+            acting_user=request.user,
             labels=data["labels"],
             attributes=data["attributes"],
             locked=data["locked"],
@@ -176,14 +178,14 @@ class HostViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
 
     @extend_schema(responses={204: NO_CONTENT})
     def destroy(self, request: Request, hostname: str) -> Response:
-        services.delete_hosts([_path_name(hostname, "host")])
+        services.delete_hosts([_path_name(hostname, "host")], acting_user=request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(request=s.HostnamesSerializer, responses={204: NO_CONTENT})
     @action(detail=False, methods=["post"], url_path="delete")
     def delete_many(self, request: Request) -> Response:
         """Deletes all the named hosts or, when one is busy or unknown, none."""
-        services.delete_hosts(_valid(s.HostnamesSerializer, request)["hostnames"])
+        services.delete_hosts(_valid(s.HostnamesSerializer, request)["hostnames"], acting_user=request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(request=s.HostLockSerializer, responses={200: s.HostSerializer(many=True)})
@@ -191,14 +193,14 @@ class HostViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
     def lock(self, request: Request) -> Response:
         """Locked hosts are never given new work; a running job finishes."""
         data = _valid(s.HostLockSerializer, request)
-        services.lock_hosts(data["hostnames"], data["reason"])
+        services.lock_hosts(data["hostnames"], data["reason"], acting_user=request.user)
         return Response(s.HostSerializer(_hosts(data["hostnames"]), many=True).data)
 
     @extend_schema(request=s.HostnamesSerializer, responses={200: s.HostSerializer(many=True)})
     @action(detail=False, methods=["post"])
     def unlock(self, request: Request) -> Response:
         hostnames = _valid(s.HostnamesSerializer, request)["hostnames"]
-        services.unlock_hosts(hostnames)
+        services.unlock_hosts(hostnames, acting_user=request.user)
         return Response(s.HostSerializer(_hosts(hostnames), many=True).data)
 
 
@@ -239,7 +241,7 @@ class ShardViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
     )
     def create(self, request: Request) -> Response:
         data = _valid(s.ShardCreateSerializer, request)
-        shard, token = services.create_shard(data["hostname"], data["labels"])
+        shard, token = services.create_shard(data["hostname"], data["labels"], acting_user=request.user)
         created = self.get_queryset().get(id=shard.id)
         created.token = token
         return Response(s.CreatedShardSerializer(created).data, status=status.HTTP_201_CREATED)
@@ -256,7 +258,7 @@ class ShardViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
         return self._delete(_valid(s.ShardHostnamesSerializer, request)["hostnames"])
 
     def _delete(self, hostnames: list[str]) -> Response:
-        deletion = services.delete_shards(hostnames)
+        deletion = services.delete_shards(hostnames, acting_user=self.request.user)
         data = {
             "deleted": list(dict.fromkeys(hostnames)),
             "hosts_moved": deletion.moves,
@@ -269,7 +271,9 @@ class ShardViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
     def add_labels(self, request: Request, hostname: str) -> Response:
         """Gives labels to the shard; hosts with them join it (named in hosts_moved)."""
         change = services.add_labels_to_shard(
-            _path_name(hostname, "shard"), _valid(s.ShardLabelsSerializer, request)["labels"]
+            _path_name(hostname, "shard"),
+            _valid(s.ShardLabelsSerializer, request)["labels"],
+            acting_user=request.user,
         )
         return self._shard_change(change)
 
@@ -278,7 +282,9 @@ class ShardViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
     def remove_label(self, request: Request, hostname: str) -> Response:
         """Takes a label from the shard; hosts whose shard came from it leave (named in hosts_moved)."""
         change = services.remove_label_from_shard(
-            _path_name(hostname, "shard"), _valid(s.ShardLabelSerializer, request)["label"]
+            _path_name(hostname, "shard"),
+            _valid(s.ShardLabelSerializer, request)["label"],
+            acting_user=request.user,
         )
         return self._shard_change(change)
 
@@ -323,13 +329,12 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
     def create(self, request: Request) -> Response:
         """Creates a job owned by the caller, routed at once to the one shard that can run all of it."""
         data = _valid(s.JobCreateSerializer, request)
-        meta_hosts = [pair for text in data["meta_hosts"] for pair in services.parse_meta_hosts(text)]
         job = services.create_job(
             services.JobRequest(
                 name=data["name"],
                 owner=request.user.username,
                 command=data["command"],
-                meta_hosts=meta_hosts,
+                meta_hosts=data["meta_hosts"],
                 hosts=data["hosts"],
                 dependency_labels=data["dependency_labels"],
                 priority=data["priority"],
@@ -337,7 +342,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
                 max_runtime_mins=data["max_runtime_mins"],
                 keyvals=data["keyvals"],
                 parent_id=data["parent"],
-            )
+            ),
+            acting_user=request.user,
         )
         return Response(s.JobSerializer(self.get_queryset().get(id=job.id)).data, status=status.HTTP_201_CREATED)
 
@@ -346,7 +352,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
     def abort(self, request: Request, id: str) -> Response:
         """Asks the job's shard to stop it; its entries end Aborted."""
         job = self.get_object()
-        services.abort_jobs([job.id])
+        services.abort_jobs([job.id], acting_user=request.user)
         return Response(s.JobSerializer(self.get_queryset().get(id=job.id)).data)
 
     @extend_schema(
@@ -363,9 +369,28 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
                 f"only a job's owner or staff with the common.change_job permission may abort it: "
                 f"not yours: job {listed}"
             )
-        jobs = services.abort_jobs(ids)
+        jobs = services.abort_jobs(ids, acting_user=request.user)
         return Response(
             s.JobSerializer(
                 _in_order(self.get_queryset().filter(id__in=ids), "id", [j.id for j in jobs]), many=True
             ).data
         )
+
+
+@extend_schema_view(
+    list=extend_schema(
+        description="Changes made on the master, newest first: who, when, what, to which objects, and why."
+    ),
+)
+@extend_schema(tags=["audit"])
+class AuditViewSet(mixins.ListModelMixin, _Base):
+    """The audit trail, read-only: each record is written by the change it describes, in its transaction."""
+
+    serializer_class = s.AuditRecordSerializer
+    permission_classes = [AdminPermissionsOrReadOnly]
+    write_permissions: dict[str, tuple[tuple[str, ...], str]] = {}
+    filterset_class = AuditFilter
+    ordering_fields = ["at", "id"]
+
+    def get_queryset(self) -> QuerySet:
+        return AuditRecord.objects.prefetch_related(Prefetch("targets", AuditTarget.objects.order_by("id")))

@@ -29,18 +29,20 @@ from django.contrib.auth.models import User
 from master import services
 
 User.objects.create_superuser({USER!r}, "operator@example.com", {PASSWORD!r})
-services.create_labels(["board:sunfish", "board:bramble", "pool:ui-bvt"])
-_, token = services.create_shard({LIVE!r}, ["board:sunfish"])
-services.create_shard({OFFLINE!r}, ["board:bramble"])
-services.create_hosts(["sunfish-01", "sunfish-02"], labels=["board:sunfish", "pool:ui-bvt"])
-services.create_hosts(["sunfish-03"], labels=["board:sunfish"], attributes={{"serial": "SF03"}})
-services.create_hosts(["sunfish-04"], labels=["board:sunfish"], locked=True, lock_reason="usb hub replaced")
-services.create_hosts(["bramble-01", "bramble-02"], labels=["board:bramble", "pool:ui-bvt"])
+services.create_labels(["board:sunfish", "board:bramble", "pool:ui-bvt"], acting_user=None)
+_, token = services.create_shard({LIVE!r}, ["board:sunfish"], acting_user=None)
+services.create_shard({OFFLINE!r}, ["board:bramble"], acting_user=None)
+services.create_hosts(["sunfish-01", "sunfish-02"], acting_user=None, labels=["board:sunfish", "pool:ui-bvt"])
+services.create_hosts(["sunfish-03"], acting_user=None, labels=["board:sunfish"], attributes={{"serial": "SF03"}})
+services.create_hosts(
+    ["sunfish-04"], acting_user=None, labels=["board:sunfish"], locked=True, lock_reason="usb hub replaced"
+)
+services.create_hosts(["bramble-01", "bramble-02"], acting_user=None, labels=["board:bramble", "pool:ui-bvt"])
 # A locked host gets no work, so this job stays queued on the shard until it is aborted.
 parked = services.create_job(services.JobRequest(
-    name="ui-bvt-parked", owner="ana", command="sleep 600", hosts=["sunfish-04"]))
+    name="ui-bvt-parked", owner="ana", command="sleep 600", hosts=["sunfish-04"]), acting_user=None)
 services.create_job(services.JobRequest(
-    name="bramble-smoke", owner="ana", command="true", meta_hosts=[("board:bramble", 2)]))
+    name="bramble-smoke", owner="ana", command="true", meta_hosts=[("board:bramble", 2)]), acting_user=None)
 result = {{"token": token, "parked": parked.id}}
 """
 
@@ -293,7 +295,7 @@ def test_abort_a_running_job_reaches_the_shard(world: World, page: Any, shard_ad
     job_id = world.master_value(
         "from master import services\n"
         "result = services.create_job(services.JobRequest(name='ui-long-run', owner='ana', "
-        "command='echo flashing build R120; sleep 600', hosts=['sunfish-03'])).id"
+        "command='echo flashing build R120; sleep 600', hosts=['sunfish-03']), acting_user=None).id"
     )
     wait_until(
         lambda: hqe_statuses(world, job_id) == ["Running"],

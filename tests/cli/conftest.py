@@ -23,8 +23,8 @@ class Server:
 
 @pytest.fixture
 def server(live_server: Any, transactional_db: None) -> Server:
-    _, staff = services.create_personal_token("boss", admin=True)
-    _, user = services.create_personal_token("ana")
+    _, staff = services.create_personal_token("boss", admin=True, acting_user=None)
+    _, user = services.create_personal_token("ana", acting_user=None)
     return Server(live_server.url, staff, user)
 
 

@@ -1,5 +1,6 @@
 """Reaching the server: tokens, server URLs, usage errors, and the command as a real process."""
 
+import importlib.metadata
 import json
 import os
 import shutil
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from common.constants import CLIENT_VERSION
 from tests.cli.conftest import fails, ok, run_process
 from tests.fleet_state import snapshot
 
@@ -91,3 +93,14 @@ def test_the_installed_script(server, fleet):
     proc = subprocess.run([script, "shard", "list", "--json"], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert [s["hostname"] for s in json.loads(proc.stdout)] == ["lab1", "lab2"]
+
+
+def test_one_version_everywhere():
+    """The package and `fleetshard --version` say CLIENT_VERSION, the version a shard reports in its heartbeat."""
+    script = shutil.which("fleetshard", path=str(Path(sys.executable).parent))
+    assert script
+    proc = subprocess.run([script, "--version"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"fleetshard, version {CLIENT_VERSION}\n"
+    # pyproject.toml reads it from common/constants.py; a stale install (`make venv` not rerun) fails here.
+    assert importlib.metadata.version("fleetshard") == CLIENT_VERSION

@@ -188,7 +188,8 @@ def test_job_abort_by_owner_and_staff(cli, server, fleet):
 
 def test_job_abort_refusals_change_nothing(cli, server, fleet, heartbeat):
     job = services.create_job(
-        services.JobRequest(name="boss-job", owner="boss", command="true", meta_hosts=[("board:a", 1)])
+        services.JobRequest(name="boss-job", owner="boss", command="true", meta_hosts=[("board:a", 1)]),
+        acting_user=None,
     )
     done = fleet.job("done")
     report(heartbeat, fleet, done, "Completed", exit_code=0)

@@ -65,16 +65,16 @@ def test_label_delete(cli, fleet):
 
 
 def test_label_delete_says_which_hosts_left_which_shard(cli, fleet):
-    services.create_labels(["board:x"])
-    services.add_labels_to_shard("lab1", ["board:x"])
-    services.create_hosts(["dut3"], labels=["board:x"])
+    services.create_labels(["board:x"], acting_user=None)
+    services.add_labels_to_shard("lab1", ["board:x"], acting_user=None)
+    services.create_hosts(["dut3"], labels=["board:x"], acting_user=None)
     job = fleet.job(meta_hosts=[], hosts=["dut3"])  # queued for dut3 on lab1: it stays there
     assert ok(cli("label", "delete", "board:x")).stdout == "Deleted label board:x; host dut3 left shard lab1\n"
     assert Host.objects.get(hostname="dut3").shard is None
     assert Job.objects.get(id=job.id).shard == fleet.lab1
-    services.create_labels(["board:y"])
-    services.add_labels_to_shard("lab2", ["board:y"])
-    services.create_hosts(["dut4", "dut5"], labels=["board:y"])
+    services.create_labels(["board:y"], acting_user=None)
+    services.add_labels_to_shard("lab2", ["board:y"], acting_user=None)
+    services.create_hosts(["dut4", "dut5"], labels=["board:y"], acting_user=None)
     out = json.loads(ok(cli("label", "delete", "board:y", "pool:x", "--json")).stdout)
     assert out == {
         "deleted": ["board:y", "pool:x"],

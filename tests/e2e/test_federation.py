@@ -32,7 +32,10 @@ def test_jobs_reach_the_shard_and_results_reach_the_master(master_server, tmp_pa
     prefix = f"e{uuid.uuid4().hex[:6]}"
     world = make_world(master_server, prefix, hosts=2, jobs=1)
     # Locked hosts get no work from the shard's scheduler, so this test decides how the HQE ends.
-    master_server.shell(f"from master import services\nservices.lock_hosts(['{prefix}-h0', '{prefix}-h1'])\nresult = 1")
+    master_server.shell(
+        "from master import services\n"
+        f"services.lock_hosts(['{prefix}-h0', '{prefix}-h1'], acting_user=None)\nresult = 1"
+    )
     shard = make_shard_process(tmp_path, master_server, world["shard"], world["token"])
     shard.start()
     try:

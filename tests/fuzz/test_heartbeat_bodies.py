@@ -120,7 +120,7 @@ def build_world(fleet: Fleet, heartbeat: Heartbeat) -> World:
             {"seq": 4, "hqe": h[4].id, "status": "Failed", "failure": "test", "exit_code": 3},
         ],
     )
-    services.abort_jobs([lab1_jobs[5].id])
+    services.abort_jobs([lab1_jobs[5].id], acting_user=None)
     g = [j.hqes.get() for j in lab2_jobs]
     heartbeat(
         fleet.lab2,
@@ -137,7 +137,7 @@ def build_world(fleet: Fleet, heartbeat: Heartbeat) -> World:
         tokens={
             "lab1": fleet.token1,
             "lab2": fleet.token2,
-            "personal": services.create_personal_token("fuzzboss", admin=True)[1],
+            "personal": services.create_personal_token("fuzzboss", admin=True, acting_user=None)[1],
             "unknown": "fs_" + "0" * 43,
             "none": None,
         },

@@ -46,7 +46,7 @@ schema.config.phases.stateful.inference.algorithms = []
 def superuser_token(fleet: Fleet) -> str:
     """The fleet's two shards, hosts and a job, and a superuser's token to change them all."""
     fleet.job("seed", meta_hosts=[("board:a", 2)])
-    return services.create_personal_token("fuzzer", admin=True)[1]
+    return services.create_personal_token("fuzzer", admin=True, acting_user=None)[1]
 
 
 def reset_fleet() -> None:

@@ -12,6 +12,7 @@ from django.test import Client
 from common.models import Host, Job, Label, Shard, Token
 from common.tokens import digest_of, find_token
 from master import services
+from master.models import AuditRecord
 
 
 def host(name: str) -> Host:
@@ -57,7 +58,7 @@ def test_changelists_and_add_pages_render(fleet, staff, model):
 
 
 def test_host_list_shows_status_badges_labels_and_filters(fleet, staff):
-    services.lock_hosts(["a2"], "flaky usb")
+    services.lock_hosts(["a2"], "flaky usb", acting_user=None)
     page = staff.get(url("host")).content.decode()
     assert 'class="fs-badge"' in page and ">Ready</span>" in page
     assert "flaky usb" in page and "board:a, wifi" in page
@@ -115,7 +116,7 @@ def test_lock_action_asks_for_a_reason_and_locks_through_the_service(fleet, staf
 
 
 def test_unlock_action(fleet, staff):
-    services.lock_hosts(["a1"], "x")
+    services.lock_hosts(["a1"], "x", acting_user=None)
     resp = run_action(staff, "host", "unlock_hosts", [host("a1").id])
     assert "unlocked host a1" in messages_of(resp)
     assert not host("a1").locked and host("a1").lock_reason == ""
@@ -160,7 +161,7 @@ def test_abort_action_aborts_through_the_service_and_refuses_finished_jobs(fleet
     assert any(m.startswith(f"aborting job {job.id}") for m in messages_of(resp))
     job.refresh_from_db()
     assert job.aborted and job.version == 2
-    services.delete_shards(["lab1"])  # ends the job Aborted
+    services.delete_shards(["lab1"], acting_user=None)  # ends the job Aborted
     resp = run_action(staff, "job", "abort_jobs", [job.id])
     assert messages_of(resp) == [f"job {job.id} (Aborted) already finished"]
 
@@ -212,14 +213,14 @@ def test_add_label_goes_through_the_service(fleet, staff):
 
 def test_label_list_shows_ready_of_total(fleet, staff, heartbeat):
     heartbeat(fleet.lab1, fleet.token1, known_hosts=[{"id": host("a1").id, "version": 1, "status": "Repairing"}])
-    services.lock_hosts(["a2"])
+    services.lock_hosts(["a2"], acting_user=None)
     rows = {label.name: label for label in staff.get(url("label")).context["cl"].result_list}
     assert (rows["board:a"].hosts_ready, rows["board:a"].hosts_total) == (1, 3)
     assert (rows["wifi"].hosts_ready, rows["wifi"].hosts_total) == (1, 3)
 
 
 def test_create_shard_shows_its_token_once_and_stores_only_a_digest(db, staff, heartbeat):
-    services.create_labels(["board:z"])
+    services.create_labels(["board:z"], acting_user=None)
     resp = staff.post(url("shard", "add"), {"hostname": "lab9", "labels": ["board:z"]})
     assert resp.status_code == 200 and "no-store" in resp["Cache-Control"]
     raw = re.search(r'<code id="fs-token"[^>]*>([^<]+)</code>', resp.content.decode()).group(1)
@@ -282,10 +283,44 @@ def test_admin_needs_staff(fleet):
     assert client.get("/admin/fleet/").status_code == 302
 
 
-def test_actions_are_recorded_in_the_objects_history(fleet, staff):
-    run_action(staff, "host", "lock_hosts", [host("a1").id], reason="bad battery")
+def test_an_admin_action_records_the_admin_user(fleet, staff):
+    run_action(staff, "host", "lock_hosts", [host("a1").id, host("a2").id], reason="bad battery")
+    entry = AuditRecord.objects.order_by("-id").first()
+    assert (entry.user.username, entry.action, entry.reason) == ("op", "host.lock", "bad battery")
+    assert [(t.kind, t.name) for t in entry.targets.all()] == [("host", "a1"), ("host", "a2")]
+
+
+def test_a_refused_admin_action_writes_no_record(fleet, staff):
+    before = AuditRecord.objects.count()
+    resp = run_action(staff, "shard", "add_labels", [fleet.lab1.id], labels=["board:b"])
+    assert messages_of(resp) == ["label board:b already belongs to shard lab2"]
+    assert AuditRecord.objects.count() == before and Label.objects.get(name="board:b").shard == fleet.lab2
+
+
+def test_an_objects_history_page_shows_its_audit_trail_from_every_entry_point(fleet, staff):
+    """Changes made elsewhere (here a service call as the API or the CLI would make it) show too."""
+    services.lock_hosts(["a1"], "from the api", acting_user=User.objects.get(username="op"))
+    run_action(staff, "host", "unlock_hosts", [host("a1").id])
+    services.lock_hosts(["a2"], "not this host", acting_user=None)
     page = staff.get(url("host", f"{host('a1').id}/history")).content.decode()
-    assert "locked host a1: bad battery" in page and "op" in page
+    rows = re.findall(r"<tr>\s*<th scope=\"row\">[^<]*</th>(.*?)</tr>", page, re.S)
+    cells = [[c.strip() for c in re.findall(r"<td>(.*?)</td>", row, re.S)] for row in rows]
+    assert cells == [
+        ["op", "host.unlock", "-", "host a1"],
+        ["op", "host.lock", "from the api", "host a1"],
+        ["system", "host.create", "-", "host a1, host a2, label board:a, label wifi"],
+    ]
+
+
+def test_the_audit_trail_is_read_only_in_the_admin(fleet, staff):
+    services.lock_hosts(["a1"], "x", acting_user=None)
+    entry = AuditRecord.objects.order_by("-id").first()
+    page = staff.get("/admin/master/auditrecord/").content.decode()
+    assert "host.lock" in page and "host a1" in page
+    assert staff.get(f"/admin/master/auditrecord/{entry.id}/change/").status_code == 200
+    assert staff.post(f"/admin/master/auditrecord/{entry.id}/delete/", {"post": "yes"}).status_code == 403
+    assert staff.get("/admin/master/auditrecord/add/").status_code == 403
+    assert AuditRecord.objects.filter(id=entry.id).exists()
 
 
 def test_view_only_staff_sees_no_actions_and_cannot_run_them(fleet):
@@ -319,8 +354,8 @@ def test_adding_a_shard_shows_its_token_so_it_needs_change_shard_too(fleet):
 
 
 def test_label_delete_action_says_which_hosts_left_which_shard(fleet, staff):
-    services.create_labels(["board:x"])
-    services.add_labels_to_shard("lab1", ["board:x"])
-    services.create_hosts(["dut3"], labels=["board:x"])
+    services.create_labels(["board:x"], acting_user=None)
+    services.add_labels_to_shard("lab1", ["board:x"], acting_user=None)
+    services.create_hosts(["dut3"], labels=["board:x"], acting_user=None)
     resp = run_action(staff, "label", "delete_labels", [Label.objects.get(name="board:x").id])
     assert messages_of(resp) == ["deleted label board:x; host dut3 left shard lab1"]

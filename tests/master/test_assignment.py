@@ -5,6 +5,7 @@ import pytest
 from common.errors import FleetshardError, NotFound, Refused
 from common.models import Host, HostQueueEntry, Job, Label
 from master import services
+from master.api.serializers import parse_priority
 
 
 def host(name: str) -> Host:
@@ -19,13 +20,13 @@ def test_host_is_assigned_by_its_label(fleet):
 
 def test_adding_a_shard_label_to_a_host_assigns_it_and_raises_its_version(fleet):
     before = host("c1").version
-    services.add_labels_to_shard("lab2", ["board:c"])
+    services.add_labels_to_shard("lab2", ["board:c"], acting_user=None)
     assert host("c1").shard == fleet.lab2
     assert host("c1").version > before
 
 
 def test_job_is_routed_by_meta_host_label(fleet):
-    services.create_hosts(["b2"], labels=["board:b"])
+    services.create_hosts(["b2"], labels=["board:b"], acting_user=None)
     job = fleet.job(meta_hosts=[("board:b", 2)])
     assert job.shard == fleet.lab2
     assert [h.meta_host.name for h in job.hqes.all()] == ["board:b", "board:b"]
@@ -63,47 +64,47 @@ def test_job_no_shard_can_serve_says_which_label_is_missing_where(fleet):
 
 def test_label_on_two_shards_is_refused(fleet):
     with pytest.raises(Refused, match="label board:a already belongs to shard lab1"):
-        services.add_labels_to_shard("lab2", ["board:a"])
+        services.add_labels_to_shard("lab2", ["board:a"], acting_user=None)
     assert Label.objects.get(name="board:a").shard == fleet.lab1
 
 
 def test_host_with_labels_of_two_shards_is_refused(fleet):
     with pytest.raises(Refused, match=r"a1 would have labels of two shards: board:a \(shard lab1\) and board:b"):
-        services.add_label_to_hosts("board:b", ["a1"])
+        services.add_label_to_hosts("board:b", ["a1"], acting_user=None)
     assert sorted(host("a1").labels.values_list("name", flat=True)) == ["board:a", "wifi"]
     with pytest.raises(Refused, match="two shards"):
-        services.create_hosts(["new"], labels=["board:a", "board:b"])
+        services.create_hosts(["new"], labels=["board:a", "board:b"], acting_user=None)
     assert not Host.objects.filter(hostname="new").exists()
 
 
 def test_shard_label_that_would_split_a_host_is_refused(fleet):
-    services.add_label_to_hosts("board:c", ["a1"])
+    services.add_label_to_hosts("board:c", ["a1"], acting_user=None)
     with pytest.raises(Refused, match="two shards"):
-        services.add_labels_to_shard("lab2", ["board:c"])
+        services.add_labels_to_shard("lab2", ["board:c"], acting_user=None)
     assert Label.objects.get(name="board:c").shard is None
 
 
 def test_removing_a_label_from_a_shard_unassigns_its_hosts_but_keeps_jobs(fleet):
     job = fleet.job()
     version = host("a1").version
-    services.remove_label_from_shard("lab1", "board:a")
+    services.remove_label_from_shard("lab1", "board:a", acting_user=None)
     assert host("a1").shard is None and host("a1").version > version
     assert Job.objects.get(id=job.id).shard == fleet.lab1
 
 
 def test_lock_and_unlock_raise_the_version(fleet):
     v = host("a1").version
-    services.lock_hosts(["a1"], "flaky usb")
+    services.lock_hosts(["a1"], "flaky usb", acting_user=None)
     locked = host("a1")
     assert locked.locked and locked.lock_reason == "flaky usb" and locked.version == v + 1
-    services.unlock_hosts(["a1"])
+    services.unlock_hosts(["a1"], acting_user=None)
     assert not host("a1").locked and host("a1").version == v + 2
 
 
 def test_abort_raises_the_job_version_once(fleet):
     job = fleet.job()
-    services.abort_jobs([job.id])
-    services.abort_jobs([job.id])
+    services.abort_jobs([job.id], acting_user=None)
+    services.abort_jobs([job.id], acting_user=None)
     job.refresh_from_db()
     assert job.aborted and job.version == 2
 
@@ -125,31 +126,31 @@ def test_bad_job_input_is_refused_and_changes_nothing(fleet, kwargs, message):
     assert not Job.objects.exists()
 
 
-def test_named_priorities_are_accepted(fleet):
-    assert fleet.job(priority="super").priority == 80
-    assert fleet.job(priority="low").priority == 10
+def test_named_priorities_are_read_at_the_edge(fleet):
+    assert fleet.job(priority=parse_priority("super")).priority == 80
+    assert fleet.job(priority=parse_priority("low")).priority == 10
 
 
 def test_unknown_names_are_named_in_errors(fleet):
     with pytest.raises(NotFound, match="unknown hosts ghost, zed"):
-        services.lock_hosts(["zed", "ghost", "a1"])
+        services.lock_hosts(["zed", "ghost", "a1"], acting_user=None)
     assert not host("a1").locked
     with pytest.raises(Refused, match="label wifi already exists"):
-        services.create_labels(["wifi"])
+        services.create_labels(["wifi"], acting_user=None)
     with pytest.raises(FleetshardError, match="invalid label name"):
-        services.create_labels(["has space"])
+        services.create_labels(["has space"], acting_user=None)
 
 
 def test_deleting_a_host_with_an_active_job_is_refused(fleet):
     job = fleet.job(meta_hosts=[], hosts=["a1"])
     with pytest.raises(Refused, match=f"host a1 has active job {job.id}"):
-        services.delete_hosts(["a1"])
+        services.delete_hosts(["a1"], acting_user=None)
     assert Host.objects.filter(hostname="a1").exists()
 
 
 def test_deleting_a_shard_aborts_its_jobs_and_frees_its_labels(fleet):
     job = fleet.job()
-    services.delete_shards(["lab1"])
+    services.delete_shards(["lab1"], acting_user=None)
     job.refresh_from_db()
     assert job.status == "Aborted" and job.shard is None
     assert Label.objects.get(name="board:a").shard is None and host("a1").shard is None

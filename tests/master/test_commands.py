@@ -8,6 +8,7 @@ from django.core.management import call_command
 
 from common.models import Token
 from common.tokens import digest_of, find_token
+from master.models import AuditRecord
 from tests.support import ROOT, Role, free_port, wait_until
 
 
@@ -21,6 +22,15 @@ def test_create_token_creates_the_user_and_prints_a_token_once(db, capsys):
     call_command("create_token", "ana")
     second = capsys.readouterr().out.strip()
     assert second != raw and Token.objects.count() == 2
+
+
+def test_create_token_is_recorded_as_the_systems_change(db, capsys):
+    """Whoever runs manage.py has the machine, not a fleetshard account: the record says system."""
+    call_command("create_token", "ana", "--admin")
+    entry = AuditRecord.objects.get()
+    assert (entry.actor, entry.user, entry.action) == ("system", None, "token.create")
+    assert [(t.kind, t.name) for t in entry.targets.all()] == [("token", Token.objects.get().prefix), ("user", "ana")]
+    assert entry.details == {"description": "personal token of ana", "user_created": True, "made_admin": True}
 
 
 def test_serve_warns_loudly_without_a_secret_key(tmp_path):

@@ -6,7 +6,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from common.constants import MAX_HOSTS_PER_RESPONSE, MAX_JOBS_PER_RESPONSE
+from common.constants import MAX_HOSTS_PER_RESPONSE, MAX_JOBS_PER_RESPONSE, PRIORITY_NAMES
 from common.models import Host, HostQueueEntry, Job, Shard
 from master import services
 
@@ -43,7 +43,7 @@ def test_unknown_hosts_and_jobs_are_sent_until_known_then_not_again(fleet, heart
 
 
 def test_host_wire_format(fleet, heartbeat):
-    services.lock_hosts(["a1"], "bad cable")
+    services.lock_hosts(["a1"], "bad cable", acting_user=None)
     Host.objects.filter(hostname="a1").update(attributes={"serial": "X1"})
     (a1,) = [h for h in heartbeat(fleet.lab1, fleet.token1)["hosts"] if h["hostname"] == "a1"]
     assert a1 == {
@@ -60,8 +60,8 @@ def test_host_wire_format(fleet, heartbeat):
 @pytest.mark.parametrize(
     "change",
     [
-        lambda: services.lock_hosts(["a1"], "maintenance"),
-        lambda: services.add_label_to_hosts("pool:x", ["a1"]),
+        lambda: services.lock_hosts(["a1"], "maintenance", acting_user=None),
+        lambda: services.add_label_to_hosts("pool:x", ["a1"], acting_user=None),
     ],
     ids=["lock", "label"],
 )
@@ -76,14 +76,14 @@ def test_changed_host_is_resent_by_version(fleet, heartbeat, change):
 def test_aborted_known_job_is_resent_with_aborted_true(fleet, heartbeat):
     job = fleet.job()
     first = heartbeat(fleet.lab1, fleet.token1)
-    services.abort_jobs([job.id])
+    services.abort_jobs([job.id], acting_user=None)
     resp = heartbeat(fleet.lab1, fleet.token1, known_hosts=known_hosts(first["hosts"]), known_jobs=known(first["jobs"]))
     assert [(j["id"], j["aborted"], j["version"]) for j in resp["jobs"]] == [(job.id, True, 2)]
 
 
 def test_label_removed_from_shard_puts_its_hosts_in_removed_host_ids(fleet, heartbeat):
     first = heartbeat(fleet.lab1, fleet.token1)
-    services.remove_label_from_shard("lab1", "board:a")
+    services.remove_label_from_shard("lab1", "board:a", acting_user=None)
     resp = heartbeat(fleet.lab1, fleet.token1, known_hosts=known_hosts(first["hosts"]))
     assert resp["removed_host_ids"] == sorted(h["id"] for h in first["hosts"])
     assert resp["hosts"] == []
@@ -92,15 +92,15 @@ def test_label_removed_from_shard_puts_its_hosts_in_removed_host_ids(fleet, hear
 def test_deleted_host_is_removed(fleet, heartbeat):
     first = heartbeat(fleet.lab1, fleet.token1)
     a3 = Host.objects.get(hostname="a3").id
-    services.delete_hosts(["a3"])
+    services.delete_hosts(["a3"], acting_user=None)
     resp = heartbeat(fleet.lab1, fleet.token1, known_hosts=known_hosts(first["hosts"]))
     assert resp["removed_host_ids"] == [a3]
 
 
 def test_jobs_are_sent_highest_priority_first_with_suite_keyvals(fleet, heartbeat):
     parent = fleet.job("suite", keyvals={"suite": "bvt"})
-    low = fleet.job("low", priority="low", parent_id=parent.id)
-    high = fleet.job("high", priority="super", parent_id=parent.id)
+    low = fleet.job("low", priority=PRIORITY_NAMES["low"], parent_id=parent.id)
+    high = fleet.job("high", priority=PRIORITY_NAMES["super"], parent_id=parent.id)
     resp = heartbeat(fleet.lab1, fleet.token1)
     assert [j["id"] for j in resp["jobs"]] == [high.id, parent.id, low.id]
     assert resp["suite_keyvals"] == {str(parent.id): {"suite": "bvt"}}
@@ -229,7 +229,7 @@ def _snapshot():
 )
 def test_bad_heartbeat_is_refused_and_leaves_the_database_unchanged(fleet, heartbeat, case, status, message):
     hqe = fleet.job().hqes.get()
-    _, personal = services.create_personal_token("ana")
+    _, personal = services.create_personal_token("ana", acting_user=None)
     body = heartbeat.body(fleet.lab1, updates=[update(1, hqe, "Running")])
     token: str | None = fleet.token1
     if case == "no token":
@@ -263,7 +263,7 @@ def test_bad_heartbeat_is_refused_and_leaves_the_database_unchanged(fleet, heart
 
 
 def test_response_is_cut_at_its_bound_with_more(fleet, heartbeat, settings):
-    services.create_hosts([f"bulk{i}" for i in range(MAX_HOSTS_PER_RESPONSE + 5)], labels=["board:a"])
+    services.create_hosts([f"bulk{i}" for i in range(MAX_HOSTS_PER_RESPONSE + 5)], labels=["board:a"], acting_user=None)
     for i in range(MAX_JOBS_PER_RESPONSE + 3):
         Job.objects.create(name=f"j{i}", owner="ana", command="true", shard=fleet.lab1)
     resp = heartbeat(fleet.lab1, fleet.token1)
@@ -281,15 +281,15 @@ QUERIES_PER_HEARTBEAT = 18
 def _heartbeat_queries(heartbeat, n: int) -> int:
     """Puts n hosts, n jobs and n updates in play on a new shard, and counts one heartbeat's queries."""
     label = f"board:q{n}"
-    services.create_labels([label])
-    shard, token = services.create_shard(f"q{n}", [label])
+    services.create_labels([label], acting_user=None)
+    shard, token = services.create_shard(f"q{n}", [label], acting_user=None)
     hostnames = [f"{shard.hostname}-h{i}" for i in range(n)]
-    services.create_hosts(hostnames, labels=[label])
+    services.create_hosts(hostnames, labels=[label], acting_user=None)
     req = dict(owner="ana", command="true", meta_hosts=[(label, 1)])
-    jobs = [services.create_job(services.JobRequest(name=f"q{i}", **req)) for i in range(n)]
+    jobs = [services.create_job(services.JobRequest(name=f"q{i}", **req), acting_user=None) for i in range(n)]
     hqes = {h.job_id: h for h in HostQueueEntry.objects.filter(job__in=jobs)}
     host_ids = list(Host.objects.filter(hostname__in=hostnames).values_list("id", flat=True))
-    services.lock_hosts(hostnames[: n // 2 + 1])
+    services.lock_hosts(hostnames[: n // 2 + 1], acting_user=None)
     updates = [update(i + 1, hqes[j.id], "Running", host=host_ids[i]) for i, j in enumerate(jobs)]
     body_hosts = [{"id": i, "version": 1, "status": "Running"} for i in host_ids]
     body_jobs = [{"id": j.id, "version": 1} for j in jobs[: n // 2]]

@@ -124,7 +124,7 @@ def test_update_naming_another_shards_host_is_rejected_even_when_listed_as_known
     hqe.refresh_from_db()
     b1.refresh_from_db()
     assert (hqe.status, hqe.host_id, b1.status) == ("Queued", None, "Ready")
-    services.delete_hosts(["b1"])
+    services.delete_hosts(["b1"], acting_user=None)
 
 
 def test_a_shard_cannot_run_two_hqes_of_a_job_on_one_host(fleet, heartbeat):
@@ -161,15 +161,15 @@ def test_an_hqes_end_is_never_refused_for_its_host(fleet, heartbeat):
 
 
 def test_job_on_a_host_that_left_the_shard_can_still_be_aborted_and_the_host_deleted(fleet, heartbeat):
-    services.create_labels(["pool:moving"])
-    services.add_labels_to_shard("lab1", ["pool:moving"])
-    services.create_hosts(["m1"], labels=["pool:moving"])
+    services.create_labels(["pool:moving"], acting_user=None)
+    services.add_labels_to_shard("lab1", ["pool:moving"], acting_user=None)
+    services.create_hosts(["m1"], labels=["pool:moving"], acting_user=None)
     job = fleet.job(meta_hosts=[], hosts=["m1"])
     hqe = job.hqes.get()
     m1 = Host.objects.get(hostname="m1")
     first = heartbeat(fleet.lab1, fleet.token1)
-    services.delete_labels(["pool:moving"])
-    services.abort_jobs([job.id])
+    services.delete_labels(["pool:moving"], acting_user=None)
+    services.abort_jobs([job.id], acting_user=None)
     resp = heartbeat(
         fleet.lab1,
         fleet.token1,
@@ -180,7 +180,7 @@ def test_job_on_a_host_that_left_the_shard_can_still_be_aborted_and_the_host_del
     assert resp["acks"] == [{"seq": 1, "result": "accepted"}]
     assert m1.id in resp["removed_host_ids"]
     assert Job.objects.get(id=job.id).status == "Aborted"
-    services.delete_hosts(["m1"])
+    services.delete_hosts(["m1"], acting_user=None)
 
 
 def test_a_host_moved_while_running_a_job_reaches_its_new_shard_only_once_the_job_ends(fleet, heartbeat):
@@ -189,8 +189,8 @@ def test_a_host_moved_while_running_a_job_reaches_its_new_shard_only_once_the_jo
     hqe = fleet.job(meta_hosts=[], hosts=["a1"]).hqes.get()
     a1 = Host.objects.get(hostname="a1")
     heartbeat(fleet.lab1, fleet.token1, updates=[update(1, hqe, "Running", host=a1.id)])
-    services.remove_label_from_hosts("board:a", ["a1"])
-    services.add_label_to_hosts("board:b", ["a1"])
+    services.remove_label_from_hosts("board:a", ["a1"], acting_user=None)
+    services.add_label_to_hosts("board:b", ["a1"], acting_user=None)
     assert Host.objects.get(id=a1.id).shard == fleet.lab2
     assert a1.id not in [h["id"] for h in heartbeat(fleet.lab2, fleet.token2)["hosts"]]
     resp = heartbeat(fleet.lab1, fleet.token1, updates=[update(2, hqe, "Completed", exit_code=0)])

@@ -12,6 +12,7 @@ from common.errors import FleetshardError, NotFound, Refused
 from common.models import Host, HostQueueEntry, Job, Label, Shard, Token
 from common.tokens import touch
 from master import services
+from master.api.serializers import parse_meta_hosts, parse_priority
 from tests.fleet_state import snapshot
 
 NAME_RULE = "use letters, digits and . - _ : @ + = (no '..', not starting with '.', at most 255 characters)"
@@ -40,9 +41,9 @@ BAD_NAMES = [
 def test_bad_names_are_refused_for_hosts_labels_and_shards(fleet, name):
     before = snapshot()
     for kind, create in [
-        ("host", lambda: services.create_hosts([name])),
-        ("label", lambda: services.create_labels([name])),
-        ("shard", lambda: services.create_shard(name)),
+        ("host", lambda: services.create_hosts([name], acting_user=None)),
+        ("label", lambda: services.create_labels([name], acting_user=None)),
+        ("shard", lambda: services.create_shard(name, acting_user=None)),
     ]:
         with pytest.raises(FleetshardError) as exc:
             create()
@@ -52,25 +53,25 @@ def test_bad_names_are_refused_for_hosts_labels_and_shards(fleet, name):
 
 def test_names_may_use_the_allowed_characters(fleet):
     name = "dut-1.lab_2:x@y+z=w"
-    services.create_labels([name])
-    services.create_shard(name, [name])
-    assert services.create_hosts([name], labels=[name])[0].shard.hostname == name
-    assert services.create_labels(["x" * 255])[0].name == "x" * 255
+    services.create_labels([name], acting_user=None)
+    services.create_shard(name, [name], acting_user=None)
+    assert services.create_hosts([name], labels=[name], acting_user=None)[0].shard.hostname == name
+    assert services.create_labels(["x" * 255], acting_user=None)[0].name == "x" * 255
 
 
 def test_objects_named_before_the_rule_can_still_be_changed_and_deleted(fleet):
     Host.objects.create(hostname="old host/1")
     Label.objects.create(name="old label")
-    services.add_label_to_hosts("old label", ["old host/1"])
-    services.lock_hosts(["old host/1"], "legacy")
-    services.delete_labels(["old label"])
-    services.delete_hosts(["old host/1"])
+    services.add_label_to_hosts("old label", ["old host/1"], acting_user=None)
+    services.lock_hosts(["old host/1"], "legacy", acting_user=None)
+    services.delete_labels(["old label"], acting_user=None)
+    services.delete_hosts(["old host/1"], acting_user=None)
     assert not Host.objects.filter(hostname="old host/1").exists()
 
 
 def test_a_nul_in_a_name_to_look_up_is_unknown(fleet):
     with pytest.raises(NotFound, match="unknown host 'a\\\\x00'"):
-        services.lock_hosts(["a\x00"])
+        services.lock_hosts(["a\x00"], acting_user=None)
 
 
 @pytest.mark.parametrize(
@@ -86,7 +87,7 @@ def test_a_nul_in_a_name_to_look_up_is_unknown(fleet):
 )
 def test_bad_attributes_are_refused(fleet, attributes, message):
     with pytest.raises(FleetshardError, match="^" + message.replace("\\", "\\\\").replace("(", "\\(")):
-        services.create_hosts(["new"], attributes=attributes)
+        services.create_hosts(["new"], attributes=attributes, acting_user=None)
     assert not Host.objects.filter(hostname="new").exists()
 
 
@@ -111,26 +112,33 @@ def test_bad_keyvals_are_refused(fleet, keyvals, message):
                                   "board:a*3.0", "board:a*²", "board:a*0x3"])  # fmt: skip
 def test_meta_host_counts_are_plain_ascii_digits(item):
     with pytest.raises(FleetshardError, match=r"the count after '\*' must be a whole number in ASCII digits"):
-        services.parse_meta_hosts(item)
+        parse_meta_hosts(item)
 
 
 def test_a_meta_host_needs_a_label():
     with pytest.raises(FleetshardError, match=r"^invalid meta-host '\*3': it needs a label before '\*'$"):
-        services.parse_meta_hosts("board:a,*3")
+        parse_meta_hosts("board:a,*3")
 
 
 def test_meta_host_counts(fleet):
-    assert services.parse_meta_hosts("board:a*3, wifi,board:b*010") == [("board:a", 3), ("wifi", 1), ("board:b", 10)]
+    assert parse_meta_hosts("board:a*3, wifi,board:b*010") == [("board:a", 3), ("wifi", 1), ("board:b", 10)]
     with pytest.raises(FleetshardError, match="must be at least 1"):
-        fleet.job(meta_hosts=services.parse_meta_hosts("board:a*0"))
+        fleet.job(meta_hosts=parse_meta_hosts("board:a*0"))
 
 
 @pytest.mark.parametrize("priority", ["²", "٣", "1_0", "１", "1e3", "0x10", "9" * 5000, True, 2**31])
-def test_priorities_are_ascii_integers_in_range_or_names(fleet, priority):
+def test_priorities_are_ascii_integers_in_range_or_names(priority):
     with pytest.raises(FleetshardError, match="invalid priority"):
+        parse_priority(priority)
+    assert (parse_priority(" +7 "), parse_priority("-3"), parse_priority("High")) == (7, -3, 70)
+
+
+@pytest.mark.parametrize("priority", ["high", True, 2**31, 1.5])
+def test_the_job_service_takes_only_an_int32_priority(fleet, priority):
+    with pytest.raises(FleetshardError, match="invalid priority .*: it must be an integer between"):
         fleet.job(priority=priority)
     assert not Job.objects.exists()
-    assert fleet.job(priority=" +7 ").priority == 7 and fleet.job(priority="-3").priority == -3
+    assert fleet.job(priority=-7).priority == -7
 
 
 # A. A job's size
@@ -141,7 +149,7 @@ def test_a_job_may_not_ask_for_more_hqes_than_the_bound(fleet):
         fleet.job(meta_hosts=[("board:a", 100000)])
     assert exc.value.message == "a job may have at most 500 host queue entries; this one asks for 100000"
     with pytest.raises(FleetshardError, match="at most 500 host queue entries; this one asks for 10{100}$"):
-        fleet.job(meta_hosts=services.parse_meta_hosts("board:a*" + "9" * 5000))
+        fleet.job(meta_hosts=parse_meta_hosts("board:a*" + "9" * 5000))
     with pytest.raises(FleetshardError, match="this one asks for 501"):
         fleet.job(meta_hosts=[("board:a", 250), ("board:a", 250), ("wifi", 1)])
     assert not Job.objects.exists() and not HostQueueEntry.objects.exists()
@@ -152,7 +160,9 @@ def test_a_command_too_long_to_exec_is_refused(fleet):
     job used to be accepted and then fail on every shard as an infra failure, sending its host to repair."""
 
     def job(command: str) -> Job:
-        return services.create_job(services.JobRequest(name="big", owner="ana", command=command, hosts=["a1"]))
+        return services.create_job(
+            services.JobRequest(name="big", owner="ana", command=command, hosts=["a1"]), acting_user=None
+        )
 
     with pytest.raises(FleetshardError, match="at most 131071 bytes") as exc:
         job("true #" + "é" * 70000)
@@ -212,7 +222,7 @@ def test_a_meta_host_asking_for_more_hosts_than_the_shard_has_is_refused(fleet):
 
 
 def test_locked_hosts_count_as_hosts(fleet):
-    services.lock_hosts(["a1", "a2", "a3"], "maintenance")
+    services.lock_hosts(["a1", "a2", "a3"], "maintenance", acting_user=None)
     assert fleet.job(meta_hosts=[("board:a", 3)]).hqes.count() == 3
 
 
@@ -239,23 +249,30 @@ def test_meta_hosts_together_need_as_many_different_hosts_as_entries(fleet):
 def test_the_whole_job_check_finds_labels_competing_for_the_same_hosts(db):
     # Two labels only host h1 has, and a third on plenty of hosts: six hosts for three entries,
     # each label with a host, yet x and y both need h1.
-    services.create_labels(["board:z", "x", "y"])
-    services.create_shard("lab", ["board:z"])
-    services.create_hosts(["h1"], labels=["board:z", "x", "y"])
-    services.create_hosts([f"h{i}" for i in range(2, 7)], labels=["board:z"])
+    services.create_labels(["board:z", "x", "y"], acting_user=None)
+    services.create_shard("lab", ["board:z"], acting_user=None)
+    services.create_hosts(["h1"], labels=["board:z", "x", "y"], acting_user=None)
+    services.create_hosts([f"h{i}" for i in range(2, 7)], labels=["board:z"], acting_user=None)
     request = dict(name="j", owner="ana", command="true", dependency_labels=["board:z"])
     with pytest.raises(Refused) as exc:
-        services.create_job(services.JobRequest(meta_hosts=[("x", 1), ("y", 1), ("board:z", 1)], **request))
+        services.create_job(
+            services.JobRequest(meta_hosts=[("x", 1), ("y", 1), ("board:z", 1)], **request), acting_user=None
+        )
     assert exc.value.message == (
         "job asks for 2 different hosts with x or y (and dependency labels board:z) but shard lab has 1 "
         "(a job never uses a host twice)"
     )
     assert not Job.objects.exists()
-    assert services.create_job(services.JobRequest(meta_hosts=[("x", 1), ("board:z", 5)], **request)).hqes.count() == 6
+    assert (
+        services.create_job(
+            services.JobRequest(meta_hosts=[("x", 1), ("board:z", 5)], **request), acting_user=None
+        ).hqes.count()
+        == 6
+    )
 
 
 def test_the_capacity_check_costs_a_fixed_number_of_queries(fleet):
-    services.create_hosts([f"extra{i}" for i in range(40)], labels=["board:a", "wifi"])
+    services.create_hosts([f"extra{i}" for i in range(40)], labels=["board:a", "wifi"], acting_user=None)
     with CaptureQueriesContext(connection) as small:
         fleet.job("small", meta_hosts=[("board:a", 1)])
     with CaptureQueriesContext(connection) as large:
@@ -267,7 +284,7 @@ def test_the_capacity_check_costs_a_fixed_number_of_queries(fleet):
 
 
 def test_touch_writes_at_most_once_a_minute(db):
-    token, _ = services.create_personal_token("ana")
+    token, _ = services.create_personal_token("ana", acting_user=None)
     now = timezone.now()
     assert touch(token, now) is True
     assert Token.objects.get(id=token.id).last_used == now
@@ -283,7 +300,7 @@ def test_touch_writes_at_most_once_a_minute(db):
 
 
 def test_the_rest_api_records_a_tokens_last_use(fleet, client):
-    token, raw = services.create_personal_token("ana")
+    token, raw = services.create_personal_token("ana", acting_user=None)
     assert token.last_used is None
     headers = {"HTTP_AUTHORIZATION": f"Bearer {raw}"}
     assert client.get("/api/v1/labels/", **headers).status_code == 200

@@ -19,9 +19,9 @@ def scrape(client, token: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], 
 
 
 def test_metrics_show_shards_hosts_and_jobs(fleet, heartbeat, client):
-    _, token = services.create_personal_token("watcher")
+    _, token = services.create_personal_token("watcher", acting_user=None)
     hqe = fleet.job().hqes.get()
-    services.lock_hosts(["a2"], "usb")
+    services.lock_hosts(["a2"], "usb", acting_user=None)
     heartbeat(fleet.lab1, fleet.token1, updates=[{"seq": 1, "hqe": hqe.id, "job": hqe.job_id, "status": "Running"}])
     m = scrape(client, token)
     assert m[("fleetshard_shard_up", (("shard", "lab1"),))] == 1
@@ -40,11 +40,11 @@ def test_metrics_need_a_person(fleet, client):
 
 
 def test_metrics_cost_does_not_grow_with_the_fleet(fleet, client):
-    _, token = services.create_personal_token("watcher")
+    _, token = services.create_personal_token("watcher", acting_user=None)
     scrape(client, token)  # the first use of a token records it (Token.last_used), once a minute
     counts = []
     for n in (1, 100):
-        services.create_hosts([f"m{n}-{i}" for i in range(n)], labels=["board:b"])
+        services.create_hosts([f"m{n}-{i}" for i in range(n)], labels=["board:b"], acting_user=None)
         for i in range(n):
             fleet.job(f"m{n}-{i}", meta_hosts=[("board:b", 1)])
         with CaptureQueriesContext(connection) as ctx:

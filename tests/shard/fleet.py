@@ -104,10 +104,10 @@ def new_shard(
 import json
 from master import services
 spec = json.loads({json.dumps(json.dumps(spec))})
-services.create_labels([spec["label"]])
-shard, token = services.create_shard(spec["name"], [spec["label"]])
+services.create_labels([spec["label"]], acting_user=None)
+shard, token = services.create_shard(spec["name"], [spec["label"]], acting_user=None)
 for hostname, attrs in spec["hosts"].items():
-    services.create_hosts([hostname], labels=[spec["label"]], attributes=attrs)
+    services.create_hosts([hostname], acting_user=None, labels=[spec["label"]], attributes=attrs)
 result = {{"token": token, "hosts": {{h.hostname: h.id for h in services.get_hosts(list(spec["hosts"]))}}}}
 """
     made = master.shell(code)
@@ -126,7 +126,7 @@ result = []
 for spec in specs:
     spec.setdefault("owner", "tester")
     spec["meta_hosts"] = [tuple(m) for m in spec.get("meta_hosts", [])]
-    result.append(services.create_job(services.JobRequest(**spec)).id)
+    result.append(services.create_job(services.JobRequest(**spec), acting_user=None).id)
 """
     return master.shell(code)
 

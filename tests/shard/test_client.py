@@ -193,7 +193,7 @@ def test_client_loop_survives_a_database_restart(transactional_db, master_server
         new_job = master_server.shell(
             "from master import services\n"
             f"job = services.create_job(services.JobRequest(name='after-restart', owner='ana', command='true',"
-            f" meta_hosts=[('{world['label']}', 1)]))\nresult = job.id"
+            f" meta_hosts=[('{world['label']}', 1)]), acting_user=None)\nresult = job.id"
         )
         wait_until(lambda: Job.objects.filter(id=new_job).exists(), timeout=60, what="a job after the restart")
     finally:

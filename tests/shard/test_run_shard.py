@@ -50,7 +50,7 @@ def test_abort_reaches_sigterm_then_sigkill_and_an_aborted_hqe_on_the_master(mas
     wait_until(lambda: master_status(master_server, job)[1] == "Running", timeout=60, what="Running on the master")
     # The abort must find the trap set: wait until the job says so.
     wait_until(lambda: Path(shard_hqe(shard, job)[2], "started").exists(), timeout=60, what="the trap set")
-    master_server.shell(f"from master import services\nservices.abort_jobs([{job}])\nresult = 1")
+    master_server.shell(f"from master import services\nservices.abort_jobs([{job}], acting_user=None)\nresult = 1")
     wait_until(lambda: master_status(master_server, job)[1] == "Aborted", timeout=60, what="Aborted on the master")
     _, _, results_dir, pid = shard_hqe(shard, job)
     assert "TERM" in Path(results_dir, "signals").read_text()
@@ -161,7 +161,9 @@ def test_repair_failed_host_is_repaired_again_after_an_unlock_on_the_master(mast
     assert master_status(master_server, failing)[1:3] == ("Failed", "test")
     # An operator fixes the device and unlocks the host: its version rises and the shard repairs it again.
     fixed.touch()
-    master_server.shell(f"from master import services\nservices.unlock_hosts([{hostname!r}])\nresult = 1")
+    master_server.shell(
+        f"from master import services\nservices.unlock_hosts([{hostname!r}], acting_user=None)\nresult = 1"
+    )
     wait_until(lambda: master_status(master_server, waiting)[1] == "Completed", timeout=60, what="the waiting job")
     wait_until(lambda: master_host() == "Ready", timeout=60, what="the host Ready on the master")
 

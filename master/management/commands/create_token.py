@@ -20,7 +20,7 @@ class Command(BaseCommand):
         if settings.ROLE != "master":
             raise CommandError("create_token needs FLEETSHARD_ROLE=master")
         try:
-            _, raw = create_personal_token(options["username"], admin=options["admin"])
+            _, raw = create_personal_token(options["username"], acting_user=None, admin=options["admin"])
         except FleetshardError as exc:
             raise CommandError(exc.message) from exc
         self.stdout.write(raw)

@@ -40,18 +40,18 @@ def client_for(token: str | None) -> CheckedClient:
 
 @pytest.fixture
 def staff(db: None) -> CheckedClient:
-    return client_for(services.create_personal_token("boss", admin=True)[1])
+    return client_for(services.create_personal_token("boss", admin=True, acting_user=None)[1])
 
 
 @pytest.fixture
 def user(db: None) -> CheckedClient:
     """A signed-in person who is not staff: "ana", the owner of the fleet fixture's jobs."""
-    return client_for(services.create_personal_token("ana")[1])
+    return client_for(services.create_personal_token("ana", acting_user=None)[1])
 
 
 @pytest.fixture
 def other_user(db: None) -> CheckedClient:
-    return client_for(services.create_personal_token("bob")[1])
+    return client_for(services.create_personal_token("bob", acting_user=None)[1])
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from tests.master.api.conftest import client_for
 
 
 def test_personal_token_is_refused_by_the_heartbeat(fleet, heartbeat):
-    _, personal = services.create_personal_token("boss", admin=True)
+    _, personal = services.create_personal_token("boss", admin=True, acting_user=None)
     resp = heartbeat.post_raw(json.dumps(heartbeat.body(fleet.lab1)), personal)
     assert resp.status_code == 403
     assert "personal token cannot heartbeat" in resp.json()["error"]
@@ -36,6 +36,33 @@ def test_unknown_or_malformed_token_is_refused(db, header):
     assert resp.json()["error"]
 
 
+@pytest.mark.parametrize("scheme", ["Bearer", "bearer", "Token"])
+def test_the_rest_api_takes_a_token_as_bearer_or_drf_token(fleet, scheme):
+    from rest_framework.test import APIClient
+
+    _, raw = services.create_personal_token("ana", acting_user=None)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"{scheme} {raw}  ")
+    assert client.get("/api/v1/labels/").status_code == 200
+
+
+@pytest.mark.parametrize("header", ["Token {raw}", "Bearer ", "{raw}", "Basic {raw}"])
+def test_the_heartbeat_takes_only_a_bearer_token(fleet, heartbeat, header):
+    before = snapshot()
+    body = json.dumps(heartbeat.body(fleet.lab1))
+    resp = heartbeat.client.post(
+        "/api/v1/heartbeat",
+        data=body,
+        content_type="application/json",
+        HTTP_AUTHORIZATION=header.format(raw=fleet.token1),
+    )
+    assert resp.status_code == 401
+    assert resp.json()["error"] == "missing shard token: send 'Authorization: Bearer <shard token>'"
+    assert resp.json()["detail"] == {"field": "Authorization"}
+    assert snapshot() == before
+    assert heartbeat.post_raw(body, fleet.token1).status_code == 200  # the same token as Bearer works
+
+
 def test_anonymous_requests_are_refused(fleet, anonymous):
     for url in ("/api/v1/labels/", "/api/v1/hosts/a1/", "/api/v1/shards/", "/api/v1/jobs/"):
         resp = anonymous.get(url)
@@ -48,7 +75,7 @@ def test_any_user_reads_everything(fleet, user):
         assert user.get(url).status_code == 200, url
 
 
-# Each write, the permissions the admin asks for to do the same (master/admin.py), and what it does.
+# Each write, the permissions the admin asks for to do the same (master/admin/), and what it does.
 WRITES = [
     ("/api/v1/labels/", {"names": ["new"]}, ["add_label"], "create labels"),
     ("/api/v1/labels/delete/", {"names": ["wifi"]}, ["change_label"], "delete labels"),
@@ -73,7 +100,7 @@ def staff_with(django_user_model, username: str, codenames: list[str]):
     django_user_model.objects.get(username=username).user_permissions.set(
         Permission.objects.filter(content_type__app_label="common", codename__in=codenames)
     )
-    return client_for(services.create_personal_token(username)[1])
+    return client_for(services.create_personal_token(username, acting_user=None)[1])
 
 
 def needs(perms: list[str]) -> str:
@@ -106,7 +133,7 @@ def test_permissions_without_staff_status_are_not_enough(fleet, django_user_mode
 
     user = django_user_model.objects.create_user("not-staff")
     user.user_permissions.set(Permission.objects.filter(codename="change_host"))
-    client = client_for(services.create_personal_token("not-staff")[1])
+    client = client_for(services.create_personal_token("not-staff", acting_user=None)[1])
     before = snapshot()
     assert client.post("/api/v1/hosts/lock/", {"hostnames": ["a1"]}, format="json").status_code == 403
     assert snapshot() == before
@@ -168,7 +195,9 @@ def test_non_owner_non_staff_cannot_abort(fleet, other_user):
 
 
 def test_bulk_abort_is_all_or_nothing_for_permissions(fleet, other_user):
-    mine = services.create_job(services.JobRequest(name="b", owner="bob", command="true", meta_hosts=[("board:a", 1)]))
+    mine = services.create_job(
+        services.JobRequest(name="b", owner="bob", command="true", meta_hosts=[("board:a", 1)]), acting_user=None
+    )
     theirs = fleet.job()
     resp = other_user.post("/api/v1/jobs/abort/", {"ids": [mine.id, theirs.id]}, format="json")
     assert resp.status_code == 403

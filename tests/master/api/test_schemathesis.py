@@ -21,7 +21,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def staff_token(fleet: Any) -> str:
-    return services.create_personal_token("fuzzer", admin=True)[1]
+    return services.create_personal_token("fuzzer", admin=True, acting_user=None)[1]
 
 
 schema = schemathesis.openapi.from_path(SCHEMA_PATH)

@@ -1,0 +1,122 @@
+"""`fleetshard host ...`: the lab devices that run jobs."""
+
+import click
+
+from cli.action import Run, action
+from cli.client import segment
+from cli.inputs import HOSTS_FILE, LABELS_FILE, key_values, need, read_list, split
+from cli.output import fields, names, table
+from common.constants import HostStatus
+
+HOST_COLUMNS = [
+    ("Hostname", "hostname"),
+    ("Status", "status"),
+    ("Shard", "shard"),
+    ("Locked", "locked"),
+    ("Lock Reason", "lock_reason"),
+    ("Labels", "labels"),
+]
+
+
+@click.group()
+def host() -> None:
+    """Hosts: the lab devices that run jobs."""
+
+
+@host.command("create")
+@click.argument("hostnames", metavar="HOSTNAME...", nargs=-1)
+@click.option("-b", "--labels", "labels", multiple=True, metavar="LABEL[,LABEL]", help="Labels of the new hosts.")
+@LABELS_FILE
+@click.option("-i", "--attribute", "attributes", multiple=True, metavar="ATTR=VALUE", help="A host attribute.")
+@click.option("--lock", is_flag=True, help="Create the hosts locked.")
+@click.option("-r", "--lock-reason", "lock_reason", default="", metavar="REASON", help="Why they are locked.")
+@HOSTS_FILE
+@action
+def host_create(
+    run: Run,
+    hostnames: tuple[str, ...],
+    labels: tuple[str, ...],
+    label_file: str | None,
+    attributes: tuple[str, ...],
+    lock: bool,
+    lock_reason: str,
+    host_file: str | None,
+) -> None:
+    """Create hosts; a host belongs to the shard owning one of its labels."""
+    body = {
+        "hostnames": need([*hostnames, *read_list(host_file)], "HOSTNAME"),
+        "labels": [*split(labels), *read_list(label_file)],
+        "attributes": key_values(attributes, "-i"),
+        "locked": lock,
+        "lock_reason": lock_reason,
+    }
+    hosts = run.api.post("/hosts/", body)
+    summary = ", ".join(f"{h['hostname']} (shard {h['shard'] or 'none'})" for h in hosts)
+    run.done({"hosts": hosts}, f"Created hosts: {summary}")
+
+
+@host.command("list")
+@click.option("--label", metavar="LABEL", help="Only hosts with this label.")
+@click.option("--shard", metavar="SHARD", help="Only hosts of this shard.")
+@click.option("--status", type=click.Choice(HostStatus.ALL, case_sensitive=False), help="Only hosts in this status.")
+@action
+def host_list(run: Run, label: str | None, shard: str | None, status: str | None) -> None:
+    """List hosts."""
+    status = next((s for s in HostStatus.ALL if status and s.lower() == status.lower()), None)
+    hosts = run.api.list("/hosts/", label=label, shard=shard, status=status)
+    run.done(hosts, lambda: table(hosts, HOST_COLUMNS))
+
+
+@host.command("stat")
+@click.argument("hostname")
+@action
+def host_stat(run: Run, hostname: str) -> None:
+    """Show one host."""
+    obj = run.api.get(f"/hosts/{segment(hostname)}/")
+    keys = [
+        ("Host", "hostname"),
+        ("Id", "id"),
+        ("Status", "status"),
+        ("Shard", "shard"),
+        ("Locked", "locked"),
+        ("Lock reason", "lock_reason"),
+        ("Labels", "labels"),
+        ("Attributes", "attributes"),
+    ]
+    run.done(obj, fields(obj, keys))
+
+
+@host.command("mod")
+@click.argument("hostnames", metavar="HOSTNAME...", nargs=-1)
+@click.option("--lock", is_flag=True, help="Lock the hosts: no new work starts on them.")
+@click.option("--unlock", is_flag=True, help="Unlock the hosts.")
+@click.option("-r", "--lock-reason", "lock_reason", default="", metavar="REASON", help="Why they are locked.")
+@HOSTS_FILE
+@action
+def host_mod(
+    run: Run, hostnames: tuple[str, ...], lock: bool, unlock: bool, lock_reason: str, host_file: str | None
+) -> None:
+    """Lock or unlock hosts."""
+    if lock == unlock:
+        raise click.UsageError("give exactly one of --lock and --unlock")
+    if unlock and lock_reason:
+        raise click.UsageError("-r/--lock-reason goes with --lock")
+    wanted = need([*hostnames, *read_list(host_file)], "HOSTNAME")
+    if lock:
+        hosts = run.api.post("/hosts/lock/", {"hostnames": wanted, "reason": lock_reason})
+        why = f" ({lock_reason})" if lock_reason else ""
+        run.done({"hosts": hosts}, f"Locked hosts{why}: {names(hosts, 'hostname')}")
+    else:
+        hosts = run.api.post("/hosts/unlock/", {"hostnames": wanted})
+        run.done({"hosts": hosts}, f"Unlocked hosts: {names(hosts, 'hostname')}")
+
+
+@host.command("delete")
+@click.argument("hostnames", metavar="HOSTNAME...", nargs=-1)
+@HOSTS_FILE
+@action
+def host_delete(run: Run, hostnames: tuple[str, ...], host_file: str | None) -> None:
+    """Delete hosts (refused while one runs a job)."""
+    wanted = need([*hostnames, *read_list(host_file)], "HOSTNAME")
+    run.api.post("/hosts/delete/", {"hostnames": wanted})
+    run.done({"deleted": wanted}, f"Deleted hosts: {', '.join(wanted)}")

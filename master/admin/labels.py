@@ -1,0 +1,55 @@
+"""The labels' admin pages."""
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+
+from common.models import Label
+from master import services
+from master.admin.base import ServiceAdmin, form_action, listed, names_of, with_moves
+from master.admin.forms import LabelCreateForm
+from master.overview import annotate_labels
+
+
+@admin.register(Label)
+class LabelAdmin(ServiceAdmin):
+    list_display = ["name", "shard", "hosts_ready"]
+    list_filter = ["shard"]
+    search_fields = ["name"]
+    list_select_related = ["shard"]
+    fields = ["name", "shard", "hosts_ready"]
+    readonly_fields = fields
+    actions = ["delete_labels"]
+    add_form = LabelCreateForm
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Label]:
+        return annotate_labels(super().get_queryset(request))
+
+    @admin.display(description="hosts Ready", ordering="hosts_ready")
+    def hosts_ready(self, obj: Label) -> str:
+        return f"{obj.hosts_ready} of {obj.hosts_total}"  # type: ignore[attr-defined]
+
+    def create(self, request: HttpRequest, form: forms.Form) -> HttpResponse:
+        labels = services.create_labels(form.cleaned_data["names"], acting_user=request.user)
+        self.message_user(request, f"created {listed('label', names_of(labels, 'name'))}", messages.SUCCESS)
+        return HttpResponseRedirect(self.changelist_url())
+
+    @admin.action(description="Delete selected labels", permissions=["change"])
+    def delete_labels(self, request: HttpRequest, queryset: QuerySet[Label]) -> TemplateResponse | None:
+        def apply(data: dict[str, Any], labels: list[Label]) -> str:
+            moves = services.delete_labels(names_of(labels, "name"), acting_user=request.user)
+            return with_moves(f"deleted {listed('label', names_of(labels, 'name'))}", moves)
+
+        return form_action(
+            self,
+            request,
+            queryset,
+            title="Delete labels",
+            apply=apply,
+            submit="Yes, delete them",
+            intro="Hosts lose these labels, and a host whose shard came from one of them leaves that shard.",
+        )

@@ -1,0 +1,10 @@
+"""The admin site's titles, front page and "View site" link."""
+
+from django.contrib import admin
+from django.urls import reverse_lazy
+
+admin.site.site_header = "fleetshard master"
+admin.site.site_title = "fleetshard master"
+admin.site.index_title = "Fleet administration"
+admin.site.index_template = "master/admin/index.html"
+admin.site.site_url = reverse_lazy("fleet-overview")  # the header's "View site" link

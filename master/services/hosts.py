@@ -1,0 +1,94 @@
+"""Hosts: creating, deleting, locking and unlocking them."""
+
+from collections.abc import Sequence
+
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.db import transaction
+from django.db.models import F
+
+from common.constants import HQEStatus
+from common.errors import FleetshardError, Refused
+from common.models import Host, HostQueueEntry
+from master.assignment import shard_for_labels
+from master.audit import record
+from master.services.shared import (
+    check_names,
+    check_new_names,
+    check_string_map,
+    check_text,
+    get_hosts,
+    get_labels,
+    plural,
+)
+
+
+@transaction.atomic
+def create_hosts(
+    hostnames: Sequence[str],
+    *,
+    acting_user: AbstractBaseUser | None,
+    labels: Sequence[str] = (),
+    attributes: dict[str, str] | None = None,
+    locked: bool = False,
+    lock_reason: str = "",
+) -> list[Host]:
+    hostnames = check_new_names("host", hostnames)
+    attributes = check_string_map("attribute", attributes or {}, "attributes")
+    check_text("the lock reason", lock_reason, "lock_reason", max_length=1024)
+    if lock_reason and not locked:
+        raise FleetshardError("a lock reason needs --lock", field="lock_reason")
+    existing = list(Host.objects.filter(hostname__in=hostnames).values_list("hostname", flat=True))
+    if existing:
+        raise Refused(f"{plural('host', existing)} already exist{'' if len(existing) > 1 else 's'}", field="hostname")
+    label_objs = get_labels(check_names("label", labels)) if labels else []
+    for hostname in hostnames:
+        shard = shard_for_labels(hostname, label_objs)
+        host = Host.objects.create(
+            hostname=hostname,
+            attributes=attributes,
+            locked=locked,
+            lock_reason=lock_reason if locked else "",
+            shard=shard,
+        )
+        host.labels.set(label_objs)
+    hosts = get_hosts(hostnames)
+    record(
+        "host.create",
+        acting_user=acting_user,
+        targets=[*hosts, *label_objs],
+        reason=lock_reason if locked else "",
+        details={"labels": [label.name for label in label_objs], "attributes": attributes, "locked": locked},
+    )
+    return hosts
+
+
+@transaction.atomic
+def delete_hosts(hostnames: Sequence[str], *, acting_user: AbstractBaseUser | None) -> None:
+    hosts = get_hosts(check_names("host", hostnames), lock=True)
+    busy = (
+        HostQueueEntry.objects.filter(host__in=hosts, status__in=HQEStatus.ACTIVE)
+        .values_list("host__hostname", "job_id")
+        .order_by("job_id")
+    )
+    if busy:
+        host, job = busy[0]
+        raise Refused(f"host {host} has active job {job}; abort it first", field="hosts")
+    record("host.delete", acting_user=acting_user, targets=hosts)
+    Host.objects.filter(id__in=[h.id for h in hosts]).delete()
+
+
+@transaction.atomic
+def lock_hosts(hostnames: Sequence[str], reason: str = "", *, acting_user: AbstractBaseUser | None) -> list[Host]:
+    check_text("the lock reason", reason, "reason", max_length=1024)
+    hosts = get_hosts(check_names("host", hostnames), lock=True)
+    Host.objects.filter(id__in=[h.id for h in hosts]).update(locked=True, lock_reason=reason, version=F("version") + 1)
+    record("host.lock", acting_user=acting_user, targets=hosts, reason=reason)
+    return get_hosts(hostnames)
+
+
+@transaction.atomic
+def unlock_hosts(hostnames: Sequence[str], *, acting_user: AbstractBaseUser | None) -> list[Host]:
+    hosts = get_hosts(check_names("host", hostnames), lock=True)
+    Host.objects.filter(id__in=[h.id for h in hosts]).update(locked=False, lock_reason="", version=F("version") + 1)
+    record("host.unlock", acting_user=acting_user, targets=hosts)
+    return get_hosts(hostnames)

@@ -1,0 +1,58 @@
+"""API tokens: a person's (creating the user if missing) or a shard's, and revoking them."""
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.db import transaction
+
+from common.errors import FleetshardError, NotFound
+from common.models import Token
+from common.tokens import issue_token
+from master.audit import record
+from master.services.shared import get_shard
+
+
+@transaction.atomic
+def create_personal_token(
+    username: str, *, acting_user: AbstractBaseUser | None, admin: bool = False, description: str = ""
+) -> tuple[Token, str]:
+    """Creates the user if missing (staff and superuser with admin) and a new token, returned once."""
+    if not username or len(username) > 150:
+        raise FleetshardError("a username needs 1-150 characters", field="username")
+    user, created = get_user_model().objects.get_or_create(username=username)
+    made_admin = admin and not (user.is_staff and user.is_superuser)
+    if made_admin:
+        user.is_staff = user.is_superuser = True
+        user.save(update_fields=["is_staff", "is_superuser"])
+    token, raw = issue_token(user=user, description=description or f"personal token of {username}")
+    record(
+        "token.create",
+        acting_user=acting_user,
+        targets=[token, user],
+        details={"description": token.description, "user_created": created, "made_admin": made_admin},
+    )
+    return token, raw
+
+
+@transaction.atomic
+def create_shard_token(
+    hostname: str, *, acting_user: AbstractBaseUser | None, description: str = ""
+) -> tuple[Token, str]:
+    """Another heartbeat token for a shard (to rotate one: create, deploy, then revoke the old)."""
+    shard = get_shard(hostname)
+    token, raw = issue_token(shard=shard, description=(description or f"heartbeat token of {hostname}")[:255])
+    record("token.create", acting_user=acting_user, targets=[token, shard], details={"description": token.description})
+    return token, raw
+
+
+@transaction.atomic
+def revoke_token(token_id: int, *, acting_user: AbstractBaseUser | None) -> None:
+    token = Token.objects.select_related("user", "shard").filter(id=token_id).first()
+    if token is None:
+        raise NotFound(f"unknown token {token_id}", field="id")
+    record(
+        "token.revoke",
+        acting_user=acting_user,
+        targets=[token, *(o for o in (token.user, token.shard) if o is not None)],
+        details={"description": token.description},
+    )
+    token.delete()
