@@ -788,10 +788,10 @@ def check(chaos: Chaos) -> Report:
             on_master = master_hqes.get(hqe_id)
             if on_master is not None and on_master[:2] != (status, failure):
                 disagree.append(f"HQE {hqe_id}: master {on_master[0]}/{on_master[1]}, {shard.name} {status}/{failure}")
-        left = int(sql(shard.role.database_url, "SELECT count(*) FROM common_outboxentry")[0][0])
+        left = int(sql(shard.role.database_url, "SELECT count(*) FROM shard_outboxentry")[0][0])
         if left:
             outbox.append(f"{shard.name}: {left} outbox entries")
-        dead = int(sql(shard.role.database_url, "SELECT count(*) FROM common_deadletter")[0][0])
+        dead = int(sql(shard.role.database_url, "SELECT count(*) FROM shard_deadletter")[0][0])
         if dead:
             other.append(f"{shard.name}: {dead} dead letters (updates the master rejected)")
     doubles = sql(

@@ -26,7 +26,7 @@ from django.utils.safestring import SafeString
 
 from common.admin_ui import HostColumns, HQEInlineBase, JobColumns, age, badge, pre
 from common.errors import FleetshardError
-from common.models import Host, HostQueueEntry, Job, Label, Shard, Token
+from common.models import Host, HostQueueEntry, Job, Label, Shard
 from master import services
 from master.admin_forms import (
     ConfirmForm,
@@ -38,6 +38,7 @@ from master.admin_forms import (
     ShardCreateForm,
     TokenCreateForm,
 )
+from master.models import Token
 from master.overview import annotate_labels, annotate_shards, host_badges, offline_after_s
 
 admin.site.site_header = "fleetshard master"

@@ -5,7 +5,7 @@ from typing import Any
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from common.tokens import find_token, touch
+from master.tokens import find_token, touch
 
 
 class PersonalTokenAuthentication(authentication.BaseAuthentication):

@@ -16,9 +16,10 @@ from django.utils import timezone
 from common.constants import MAX_COMMAND_BYTES, PRIORITY_NAMES, HQEStatus, JobStatus
 from common.errors import FleetshardError, NotFound, Refused
 from common.jobstatus import refresh_job_statuses
-from common.models import Host, HostQueueEntry, Job, Label, Shard, Token
-from common.tokens import issue_token
+from common.models import Host, HostQueueEntry, Job, Label, Shard
 from master.assignment import HQESpec, check_capacity, route_job, shard_for_labels
+from master.models import Token
+from master.tokens import issue_token
 
 # Names of hosts, labels and shards end up in URL paths, shell environments, file names, log lines
 # and the admin: plain ASCII without separators or '..' keeps them meaning only themselves there.

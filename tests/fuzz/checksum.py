@@ -10,7 +10,7 @@ def common_tables() -> list[str]:
         return sorted(t for t in connection.introspection.table_names(cursor) if t.startswith("common_"))
 
 
-BOOKKEEPING = {("common_token", "last_used")}
+BOOKKEEPING = {("master_token", "last_used")}
 
 
 def database_checksum() -> str:

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from common.models import Host, HostQueueEntry, OutboxEntry
+from common.models import Host, HostQueueEntry
 from shard.executor import LocalExecutor
 from shard.isolation import make_traversable, resolve_job_user
 from shard.locks import shard_write
+from shard.models import OutboxEntry
 from shard.scheduler import Scheduler, SchedulerConfig, remove_old_results
 from shard.services import record_run, transition_hqe
 from shard.tracking import CGROUP_V2, FREEZER, PIDS, detect, slug

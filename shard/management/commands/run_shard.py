@@ -18,7 +18,6 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, close_old_connections, connection
 from django.utils.module_loading import import_string
 
-from common.models import OutboxEntry
 from shard.client import HeartbeatClient, HeartbeatFailed, ProtocolRefused
 from shard.executor import Executor
 from shard.isolation import (
@@ -30,6 +29,7 @@ from shard.isolation import (
     protect_data,
     read_token_file,
 )
+from shard.models import OutboxEntry
 from shard.scheduler import Scheduler, SchedulerConfig
 
 log = logging.getLogger("shard.run_shard")
