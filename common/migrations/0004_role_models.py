@@ -15,7 +15,7 @@ from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 
 log = logging.getLogger(__name__)
 
-# The app that now owns each model, and the model's table under common.
+# The app that now owns each moved model.
 MOVED = {"Token": "master", "OutboxEntry": "shard", "DeadLetter": "shard", "ShardState": "shard"}
 
 

@@ -117,6 +117,14 @@ seed(apps, {models!r})
 result = snapshot(apps.get_model, {models!r}, lambda m: "common")
 """
 
+BACK = """
+from django.db import connection
+from django.db.migrations.loader import MigrationLoader
+from tests.common.test_role_migrations import OLD, STOCK, snapshot
+nodes = [n for n in OLD + STOCK if n[0] != {other!r}]
+result = snapshot(MigrationLoader(connection).project_state(nodes).apps.get_model, {models!r}, lambda m: "common")
+"""
+
 READ = """
 from django.apps import apps
 from django.db import connection
@@ -147,22 +155,28 @@ def test_makemigrations_finds_nothing_to_do_in_either_role(role, tmp_path):
 )
 def test_an_old_database_of_one_role_migrates_forward_with_its_rows(role, models, gone, database, tmp_path):
     """A real process of the role, on a database left at today's layout, as an upgrade would find it."""
-    one = Role(role, database, tmp_path)
+    one, other = Role(role, database, tmp_path), "shard" if role == "master" else "master"
     one.manage("migrate", "auth")
     one.manage("migrate", "common", "0003_shard_instances")
     if role == "master":
         one.manage("migrate", "master", "0001_audit")
-    before = one.shell(SEED.format(other="shard" if role == "master" else "master", models=models))
+    before = one.shell(SEED.format(other=other, models=models))
 
     one.manage("migrate")
 
     after, names = one.shell(READ.format(models=models))
-    granted = [[pk, role, codename] for pk, _, codename in before.pop("granted")]
-    assert after.pop("granted") == granted
+    old_granted = before.pop("granted")
+    assert after.pop("granted") == [[pk, role, codename] for pk, _, codename in old_granted]
     assert after == before
     assert {f"{role}_{m}" for m in models} <= set(names)
     assert not set(gone) & set(names), "the other role's empty tables are dropped"
     assert not {f"common_{m}" for m in models} & set(names)
+
+    one.manage("migrate", role, "0001_audit" if role == "master" else "zero")  # back, common's 0004 first
+    back = one.shell(BACK.format(other=other, models=models))
+    assert back.pop("granted") == old_granted and back == before, "and back again, rows and all"
+    tables_back = one.shell("from django.db import connection\nresult = connection.introspection.table_names()")
+    assert {f"common_{m}" for m in OWNER} <= set(tables_back), "the other role's tables are back, empty"
 
 
 def test_the_other_roles_table_is_kept_when_it_holds_rows(database, tmp_path):
