@@ -389,15 +389,17 @@ class Chaos:
     # Set-up.
 
     def set_up_databases(self) -> tuple[str, list[str]]:
-        """Migrates one database and copies it (idle, so TEMPLATE works) for the master and each shard."""
-        template = f"chaos_{self.tag}_template"
-        url = create_database(template)
-        self.databases.append(url)
-        Role("master", url, self.data_dir).manage("migrate", "--noinput", timeout=300)
-        names = [f"chaos_{self.tag}_master"] + [f"chaos_{self.tag}_c{i}" for i in range(1, 4)]
-        urls = [create_database(name, template) for name in names]
-        self.databases.extend(urls)
-        return urls[0], urls[1:]
+        """Migrates one database per role and copies it (idle, so TEMPLATE works) for the master and each shard."""
+        templates = {}
+        for role in ("master", "shard"):
+            templates[role] = f"chaos_{self.tag}_{role}_template"
+            url = create_database(templates[role])
+            self.databases.append(url)
+            Role(role, url, self.data_dir).manage("migrate", "--noinput", timeout=300)
+        master = create_database(f"chaos_{self.tag}_master", templates["master"])
+        shards = [create_database(f"chaos_{self.tag}_c{i}", templates["shard"]) for i in range(1, 4)]
+        self.databases.extend([master, *shards])
+        return master, shards
 
     def start_master(self, url: str) -> None:
         self.master_db = urlsplit(url).path.lstrip("/")
@@ -788,10 +790,10 @@ def check(chaos: Chaos) -> Report:
             on_master = master_hqes.get(hqe_id)
             if on_master is not None and on_master[:2] != (status, failure):
                 disagree.append(f"HQE {hqe_id}: master {on_master[0]}/{on_master[1]}, {shard.name} {status}/{failure}")
-        left = int(sql(shard.role.database_url, "SELECT count(*) FROM common_outboxentry")[0][0])
+        left = int(sql(shard.role.database_url, "SELECT count(*) FROM shard_outboxentry")[0][0])
         if left:
             outbox.append(f"{shard.name}: {left} outbox entries")
-        dead = int(sql(shard.role.database_url, "SELECT count(*) FROM common_deadletter")[0][0])
+        dead = int(sql(shard.role.database_url, "SELECT count(*) FROM shard_deadletter")[0][0])
         if dead:
             other.append(f"{shard.name}: {dead} dead letters (updates the master rejected)")
     doubles = sql(

@@ -1,8 +1,10 @@
-"""The shared data model. Master and shard use the same schema; on a shard, ids are the master's."""
+"""The shared data model. Master and shard use the same schema; on a shard, ids are the master's.
+
+State only one role keeps lives in that role's app: master/models.py, shard/models.py.
+"""
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
 from django.utils import timezone
 
 from common.constants import (
@@ -164,78 +166,3 @@ class HostQueueEntry(models.Model):
     @property
     def is_active(self) -> bool:
         return self.status in HQEStatus.ACTIVE
-
-
-class Token(models.Model):
-    """An API credential: a person's (REST API) or a shard's (heartbeat). Only a digest is stored."""
-
-    digest = models.CharField(max_length=64, unique=True)
-    prefix = models.CharField(max_length=16, help_text="The first characters, to tell tokens apart.")
-    user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="api_tokens"
-    )
-    shard = models.ForeignKey(Shard, null=True, blank=True, on_delete=models.CASCADE, related_name="tokens")
-    description = models.CharField(max_length=255, blank=True, default="")
-    created_on = models.DateTimeField(default=timezone.now)
-    last_used = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        ordering = ["-created_on"]
-        constraints = [
-            models.CheckConstraint(
-                condition=(Q(user__isnull=False, shard__isnull=True) | Q(user__isnull=True, shard__isnull=False)),
-                name="token_for_user_xor_shard",
-            )
-        ]
-
-    def __str__(self) -> str:
-        owner = f"shard {self.shard}" if self.shard_id else f"user {self.user}"
-        return f"{self.prefix}… ({owner})"
-
-
-class OutboxEntry(models.Model):
-    """Shard-side: an HQE status change waiting for the master's ack."""
-
-    seq = models.BigIntegerField(unique=True)
-    hqe_id = models.BigIntegerField()
-    job_id = models.BigIntegerField(db_index=True)
-    payload = models.JSONField()
-    created_on = models.DateTimeField(default=timezone.now)
-
-    class Meta:
-        ordering = ["seq"]
-        verbose_name_plural = "outbox entries"
-
-    def __str__(self) -> str:
-        return f"update {self.seq} of HQE {self.hqe_id}"
-
-
-class DeadLetter(models.Model):
-    """Shard-side: an update the master rejected, kept for operators."""
-
-    seq = models.BigIntegerField()
-    hqe_id = models.BigIntegerField()
-    job_id = models.BigIntegerField()
-    payload = models.JSONField()
-    error = models.TextField()
-    created_on = models.DateTimeField(default=timezone.now)
-
-    class Meta:
-        ordering = ["-id"]
-
-    def __str__(self) -> str:
-        return f"rejected update {self.seq} of HQE {self.hqe_id}"
-
-
-class ShardState(models.Model):
-    """Shard-side singleton: the outbox counter, which must never reuse a seq even when empty."""
-
-    last_seq = models.BigIntegerField(default=0)
-    last_heartbeat_ok = models.DateTimeField(null=True, blank=True)
-    # This database's instance id, and the physical identity it was taken for: a copied database
-    # (another file, another cluster or oid) no longer matches and takes a new instance id.
-    instance = models.CharField(max_length=36, blank=True, default="")
-    identity = models.CharField(max_length=255, blank=True, default="")
-
-    def __str__(self) -> str:
-        return f"shard state (last seq {self.last_seq})"

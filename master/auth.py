@@ -6,7 +6,7 @@ from typing import Any
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from common.tokens import find_token, touch
+from master.tokens import find_token, touch
 
 
 def bearer_token(header: str, schemes: Collection[str] = ("bearer",)) -> str | None:

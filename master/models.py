@@ -6,7 +6,10 @@ leaves no record and a record always describes a change that happened.
 
 from django.conf import settings
 from django.db import models
+from django.db.models import Q
 from django.utils import timezone
+
+from common.models import Shard
 
 
 class AuditRecord(models.Model):
@@ -46,3 +49,30 @@ class AuditTarget(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.name or self.object_id}"
+
+
+class Token(models.Model):
+    """An API credential: a person's (REST API) or a shard's (heartbeat). Only a digest is stored."""
+
+    digest = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=16, help_text="The first characters, to tell tokens apart.")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    shard = models.ForeignKey(Shard, null=True, blank=True, on_delete=models.CASCADE, related_name="tokens")
+    description = models.CharField(max_length=255, blank=True, default="")
+    created_on = models.DateTimeField(default=timezone.now)
+    last_used = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_on"]
+        constraints = [
+            models.CheckConstraint(
+                condition=(Q(user__isnull=False, shard__isnull=True) | Q(user__isnull=True, shard__isnull=False)),
+                name="token_for_user_xor_shard",
+            )
+        ]
+
+    def __str__(self) -> str:
+        owner = f"shard {self.shard}" if self.shard_id else f"user {self.user}"
+        return f"{self.prefix}… ({owner})"

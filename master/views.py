@@ -8,10 +8,10 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from common.tokens import find_token, touch
 from common.wire import HeartbeatRequest, ProtocolMismatch, WireError, error_body, loads
 from master.auth import bearer_token
 from master.heartbeat import InstanceConflict, process_heartbeat
+from master.tokens import find_token, touch
 
 log = logging.getLogger(__name__)
 

@@ -76,6 +76,7 @@ class Demo:
         # The user's own database and fleetshard settings must not leak into the demo's processes.
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETSHARD_") and k != "DATABASE_URL"}
         env.update(
+            DJANGO_SETTINGS_MODULE="common.settings",  # the role's own, even when run from the tests
             FLEETSHARD_ROLE=role,
             FLEETSHARD_DATA_DIR=str(self.data_dir / name),
             FLEETSHARD_HEARTBEAT_INTERVAL_S="1",

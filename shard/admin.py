@@ -1,7 +1,8 @@
 """The shard's admin: a lab operator's view of the shard's own database, served by shard/urls.py.
 
-It is a separate AdminSite so that master and shard admins never share registrations: both apps are
-installed in both roles and Django imports every app's admin module. Everything is read-only here.
+It is a separate AdminSite so that master and shard admins never share registrations: the test
+settings install both apps in one process and Django imports every app's admin module. Everything is
+read-only here.
 Master-owned data (labels, host config, jobs) changes only on the master and arrives by heartbeat;
 execution state changes only through the scheduler and executors, which queue each change for the
 master in the same transaction, so an edit made here would be lost or would split the two sides.
@@ -31,7 +32,8 @@ from common.admin_ui import (
     status_badge,
 )
 from common.constants import HostStatus, HQEStatus
-from common.models import DeadLetter, Host, HostQueueEntry, Job, Label, OutboxEntry, ShardState
+from common.models import Host, HostQueueEntry, Job, Label
+from shard.models import DeadLetter, OutboxEntry, ShardState
 from shard.workspace import run_log_tail
 
 

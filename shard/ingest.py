@@ -18,8 +18,9 @@ from django.utils import timezone
 
 from common.constants import HQEStatus
 from common.jobstatus import refresh_job_statuses
-from common.models import DeadLetter, Host, HostQueueEntry, Job, Label, OutboxEntry, ShardState
+from common.models import Host, HostQueueEntry, Job, Label
 from common.wire import Ack, HeartbeatResponse, HostRecord, JobRecord
+from shard.models import DeadLetter, OutboxEntry, ShardState
 from shard.services import abort_queued_hqes
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ import uuid
 
 from django.db import DatabaseError, connection, transaction
 
-from common.models import ShardState
+from shard.models import ShardState
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 from django.db import transaction
 
-from common.models import ShardState
+from shard.models import ShardState
 
 
 @contextmanager

@@ -6,8 +6,9 @@ from typing import Any
 from django.db import transaction
 from django.db.models import F
 
-from common.models import HostQueueEntry, OutboxEntry, ShardState
+from common.models import HostQueueEntry
 from common.wire import Update, clean_text
+from shard.models import OutboxEntry, ShardState
 
 
 def reserve_seqs(count: int) -> range:

@@ -15,8 +15,8 @@ import time
 
 from django.db import DatabaseError, close_old_connections, connection
 
-from common.models import OutboxEntry
 from shard.client import HeartbeatClient, HeartbeatFailed, ProtocolRefused
+from shard.models import OutboxEntry
 from shard.scheduler import Scheduler
 
 log = logging.getLogger("shard.run_shard")

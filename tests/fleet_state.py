@@ -2,7 +2,8 @@
 
 from typing import Any
 
-from common.models import Host, HostQueueEntry, Job, Label, Shard, Token
+from common.models import Host, HostQueueEntry, Job, Label, Shard
+from master.models import Token
 
 
 def snapshot() -> dict[str, Any]:

@@ -81,6 +81,8 @@ class Role:
     def env(self, **more: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETSHARD_")}
         env.update(
+            # The role's own settings, never the suite's (common.settings.test installs both roles).
+            DJANGO_SETTINGS_MODULE="common.settings",
             FLEETSHARD_ROLE=self.role,
             DATABASE_URL=self.database_url,
             FLEETSHARD_DATA_DIR=str(self.data_dir),

@@ -10,10 +10,10 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
 from common.errors import FleetshardError
-from common.models import Token
 from master import services
 from master.admin.base import ServiceAdmin, form_action
 from master.admin.forms import TokenCreateForm
+from master.models import Token
 
 
 class TokenKindFilter(admin.SimpleListFilter):

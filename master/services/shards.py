@@ -12,9 +12,9 @@ from common.constants import HQEStatus, JobStatus
 from common.errors import FleetshardError, Refused
 from common.jobstatus import refresh_job_statuses
 from common.models import Host, HostQueueEntry, Job, Label, Shard
-from common.tokens import issue_token
 from master.audit import moves_detail, record
 from master.services.shared import HostMove, check_names, check_new_names, get_labels, get_shard, reassign
+from master.tokens import issue_token
 
 
 @dataclass

@@ -5,10 +5,10 @@ from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import transaction
 
 from common.errors import FleetshardError, NotFound
-from common.models import Token
-from common.tokens import issue_token
 from master.audit import record
+from master.models import Token
 from master.services.shared import get_shard
+from master.tokens import issue_token
 
 
 @transaction.atomic

@@ -30,6 +30,7 @@ def server_url() -> str:
 def test_small_chaos_run_loses_nothing_and_runs_nothing_twice(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETSHARD_")}
     env["DATABASE_URL"] = server_url()
+    env["DJANGO_SETTINGS_MODULE"] = "common.settings"
     proc = subprocess.run(
         [sys.executable, "bench/chaos.py", "--jobs", "200", "--faults", "1", "--seed", "20261123"]
         + ["--data-dir", str(tmp_path / "chaos"), "--settle-s", "120", "--max-minutes", "4.5"],

@@ -66,7 +66,7 @@ def test_jobs_reach_the_shard_and_results_reach_the_master(master_server, tmp_pa
             "log": "all good",
         }
         wait_until(
-            lambda: shard.shell("from common.models import OutboxEntry\nresult = OutboxEntry.objects.count() == 0"),
+            lambda: shard.shell("from shard.models import OutboxEntry\nresult = OutboxEntry.objects.count() == 0"),
             timeout=30,
             what="the shard's outbox to drain",
         )

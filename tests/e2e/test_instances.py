@@ -64,7 +64,7 @@ def test_second_database_is_refused_while_the_first_lives_then_adopted_without_r
         wait_until(lambda: master_hqes(master_server, [job])[0][1:3] == ("Failed", "infra"), what="adoption")
         assert "database was replaced" in master_hqes(master_server, [job])[0][5]
         wait_until(
-            lambda: sql(second.role.database_url, "SELECT last_heartbeat_ok FROM common_shardstate")[0][0],
+            lambda: sql(second.role.database_url, "SELECT last_heartbeat_ok FROM shard_shardstate")[0][0],
             what="the new database to heartbeat",
         )
         time.sleep(2)

@@ -5,16 +5,18 @@ import hashlib
 from django.db import connection
 
 
-def common_tables() -> list[str]:
+def fleet_tables() -> list[str]:
+    """The tables of fleetshard's own apps (common, master, shard), not Django's."""
     with connection.cursor() as cursor:
-        return sorted(t for t in connection.introspection.table_names(cursor) if t.startswith("common_"))
+        names = connection.introspection.table_names(cursor)
+        return sorted(t for t in names if t.startswith(("common_", "master_", "shard_")))
 
 
-BOOKKEEPING = {("common_token", "last_used")}
+BOOKKEEPING = {("master_token", "last_used")}
 
 
 def database_checksum() -> str:
-    """SHA-256 over every row of every common_* table, ordered by id: equal before and after means unchanged.
+    """SHA-256 over every row of every fleetshard table, ordered by id: equal before and after means unchanged.
 
     A token's `last_used` is left out: it records that a request came (at most once a minute), even
     one that was refused for its content.
@@ -22,7 +24,7 @@ def database_checksum() -> str:
     digest = hashlib.sha256()
     qn = connection.ops.quote_name
     with connection.cursor() as cursor:
-        for table in common_tables():
+        for table in fleet_tables():
             columns = [
                 c.name
                 for c in connection.introspection.get_table_description(cursor, table)

@@ -2,7 +2,7 @@
 
 Each case is one request built from a world of two shards with hosts and jobs in every HQE status
 (tests/conftest.py `Fleet`). Whatever it sends, the master answers 200, 400, 401, 403, 409 or 413 and
-never 5xx; a 4xx changes nothing (a checksum over every row of the common_* tables); a 200 acks every
+never 5xx; a 4xx changes nothing (a checksum over every row of fleetshard's tables); a 200 acks every
 update exactly once, in order, and keeps the invariants: a terminal HQE never changes, no HQE, job or
 host of another shard changes, and an HQE changes only as its last accepted update says (or, when a
 new instance replaces a silent one, to Failed/infra).

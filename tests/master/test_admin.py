@@ -9,10 +9,10 @@ from django.contrib.auth.models import User
 from django.contrib.messages import get_messages
 from django.test import Client
 
-from common.models import Host, Job, Label, Shard, Token
-from common.tokens import digest_of, find_token
+from common.models import Host, Job, Label, Shard
 from master import services
-from master.models import AuditRecord
+from master.models import AuditRecord, Token
+from master.tokens import digest_of, find_token
 
 
 def host(name: str) -> Host:
@@ -20,7 +20,8 @@ def host(name: str) -> Host:
 
 
 def url(model: str, view: str = "changelist") -> str:
-    return f"/admin/common/{model}/" + ("" if view == "changelist" else f"{view}/")
+    app = "master" if model == "token" else "common"
+    return f"/admin/{app}/{model}/" + ("" if view == "changelist" else f"{view}/")
 
 
 def messages_of(resp: Any) -> list[str]:

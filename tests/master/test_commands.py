@@ -6,9 +6,8 @@ import sys
 import pytest
 from django.core.management import call_command
 
-from common.models import Token
-from common.tokens import digest_of, find_token
-from master.models import AuditRecord
+from master.models import AuditRecord, Token
+from master.tokens import digest_of, find_token
 from tests.support import ROOT, Role, free_port, wait_until
 
 

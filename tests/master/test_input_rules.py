@@ -9,10 +9,11 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from common.errors import FleetshardError, NotFound, Refused
-from common.models import Host, HostQueueEntry, Job, Label, Shard, Token
-from common.tokens import touch
+from common.models import Host, HostQueueEntry, Job, Label, Shard
 from master import services
 from master.api.serializers import parse_meta_hosts, parse_priority
+from master.models import Token
+from master.tokens import touch
 from tests.fleet_state import snapshot
 
 NAME_RULE = "use letters, digits and . - _ : @ + = (no '..', not starting with '.', at most 255 characters)"

@@ -14,7 +14,8 @@ from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 
 from common.constants import HQEStatus
-from common.models import DeadLetter, Host, HostQueueEntry, Job, OutboxEntry
+from common.models import Host, HostQueueEntry, Job
+from shard.models import DeadLetter, OutboxEntry
 from shard.services import finish_hqe, transition_hqe
 from tests.shard.world import apply_wire
 
@@ -125,27 +126,30 @@ def test_hosts_show_statuses_and_locks(lab, operator):
 
 def test_dead_letters_show_their_reasons(lab, operator):
     assert DeadLetter.objects.count() == 1
-    page = operator.get("/admin/common/deadletter/").content.decode()
+    page = operator.get("/admin/shard/deadletter/").content.decode()
     assert "job 11 is not assigned to lab1" in page
-    page = operator.get("/admin/common/outboxentry/").content.decode()
+    page = operator.get("/admin/shard/outboxentry/").content.decode()
     assert ">Running</span>" in page
 
 
-@pytest.mark.parametrize("model", ["host", "job", "hostqueueentry", "label", "outboxentry", "deadletter"])
+@pytest.mark.parametrize(
+    "model",
+    ["common/host", "common/job", "common/hostqueueentry", "common/label", "shard/outboxentry", "shard/deadletter"],
+)
 def test_everything_is_read_only(lab, operator, model):
-    page = operator.get(f"/admin/common/{model}/").content.decode()
-    assert f'href="/admin/common/{model}/add/"' not in page and 'name="action"' not in page
-    assert operator.get(f"/admin/common/{model}/add/").status_code == 403
-    obj_id = {"host": 1, "job": 10, "hostqueueentry": 100}.get(model)
+    page = operator.get(f"/admin/{model}/").content.decode()
+    assert f'href="/admin/{model}/add/"' not in page and 'name="action"' not in page
+    assert operator.get(f"/admin/{model}/add/").status_code == 403
+    obj_id = {"common/host": 1, "common/job": 10, "common/hostqueueentry": 100}.get(model)
     if obj_id:
-        assert operator.post(f"/admin/common/{model}/{obj_id}/change/", {"status": "Ready"}).status_code == 403
-        assert operator.post(f"/admin/common/{model}/{obj_id}/delete/", {"post": "yes"}).status_code == 403
+        assert operator.post(f"/admin/{model}/{obj_id}/change/", {"status": "Ready"}).status_code == 403
+        assert operator.post(f"/admin/{model}/{obj_id}/delete/", {"post": "yes"}).status_code == 403
     assert HostQueueEntry.objects.get(id=100).status == "Running" and Host.objects.count() == 3
 
 
 def test_master_only_pages_are_not_served_on_a_shard(lab, operator):
     assert operator.get("/admin/fleet/").status_code == 404
-    assert operator.get("/admin/common/token/").status_code == 404
+    assert operator.get("/admin/master/token/").status_code == 404
     assert operator.get("/admin/common/shard/").status_code == 404
     assert operator.get("/api/v1/heartbeat").status_code == 404
 

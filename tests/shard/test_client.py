@@ -13,10 +13,11 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 
-from common.models import Host, HostQueueEntry, Job, OutboxEntry
+from common.models import Host, HostQueueEntry, Job
 from shard import client as client_module
 from shard import ingest
 from shard.client import HeartbeatClient, HeartbeatFailed, ProtocolRefused, backoff, jittered
+from shard.models import OutboxEntry
 from shard.services import finish_hqe, transition_hqe
 from tests.support import Master, free_port, make_world, wait_until
 

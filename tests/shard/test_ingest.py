@@ -5,9 +5,10 @@ from typing import Any
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from common.models import DeadLetter, Host, HostQueueEntry, Job, OutboxEntry, ShardState
+from common.models import Host, HostQueueEntry, Job
 from common.wire import HeartbeatResponse
 from shard.ingest import apply_response, known_hosts, known_jobs
+from shard.models import DeadLetter, OutboxEntry, ShardState
 from shard.services import finish_hqe, transition_hqe
 from tests.shard.world import apply_wire
 

@@ -7,8 +7,8 @@ import subprocess
 import psycopg2
 import pytest
 
-from common.models import ShardState
 from shard.instance import ensure_instance, physical_identity
+from shard.models import ShardState
 from tests.support import Role, drop_database, fresh_database_url, using_postgres
 
 INSTANCE = "from shard.instance import ensure_instance\nresult = ensure_instance()"
@@ -91,7 +91,7 @@ def test_a_backup_restored_in_place_takes_a_new_instance(tmp_path):
         role.manage("migrate", "--noinput")
         first = role.shell(INSTANCE)
         _back_up(role, tmp_path)
-        role.shell("from common.models import ShardState\nresult = ShardState.objects.update(last_heartbeat_ok=None)")
+        role.shell("from shard.models import ShardState\nresult = ShardState.objects.update(last_heartbeat_ok=None)")
         _restore_in_place(role, tmp_path)
         assert role.shell(INSTANCE) != first
     finally:

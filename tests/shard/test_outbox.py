@@ -3,7 +3,8 @@
 import pytest
 
 from common.errors import FleetshardError
-from common.models import HostQueueEntry, Job, OutboxEntry
+from common.models import HostQueueEntry, Job
+from shard.models import OutboxEntry
 from shard.outbox import pending
 from shard.services import finish_hqe, transition_hqe
 

@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from common.constants import FailureClass, HostStatus, HQEStatus
-from common.models import Host, HostQueueEntry, OutboxEntry
+from common.models import Host, HostQueueEntry
 from shard.client import HeartbeatClient
 from shard.config import SchedulerConfig
+from shard.models import OutboxEntry
 from shard.process import ShardProcess
 from shard.scheduler import Scheduler
 from tests.shard.world import apply_wire

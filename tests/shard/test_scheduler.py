@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from common.models import Host, HostQueueEntry, OutboxEntry
+from common.models import Host, HostQueueEntry
+from shard.models import OutboxEntry
 from shard.tracking import process_state
 from tests.shard.world import ShardWorld, make_world
 

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from common.models import Host, HostQueueEntry, OutboxEntry
+from common.models import Host, HostQueueEntry
 from shard.config import SchedulerConfig
 from shard.executor import LocalExecutor
 from shard.isolation import make_traversable, resolve_job_user
 from shard.locks import shard_write
+from shard.models import OutboxEntry
 from shard.scheduler import Scheduler
 from shard.services import record_run, transition_hqe
 from shard.tracking import CGROUP_V2, FREEZER, PIDS, detect, process_state, slug

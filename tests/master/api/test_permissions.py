@@ -140,7 +140,7 @@ def test_permissions_without_staff_status_are_not_enough(fleet, django_user_mode
 
 
 def test_staff_without_permissions_get_no_shard_token(fleet, django_user_model):
-    from common.models import Token
+    from master.models import Token
 
     idle = staff_with(django_user_model, "idle-staff", [])
     adder = staff_with(django_user_model, "adder", ["add_shard"])

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from django.db.models import Q
 from django.utils import timezone
 
-from common.models import Token
+from master.models import Token
 
 TOKEN_PREFIX = "fs_"
 

@@ -1,0 +1,15 @@
+"""The settings of the role this process plays: FLEETSHARD_ROLE=master (the default) or shard.
+
+Each role installs only its own apps (common/settings/master.py, shard.py); the tests use test.py,
+which installs both.
+"""
+
+import os
+
+_ROLE = os.environ.get("FLEETSHARD_ROLE", "master")
+if _ROLE == "master":
+    from common.settings.master import *  # noqa: F403
+elif _ROLE == "shard":
+    from common.settings.shard import *  # noqa: F403
+else:
+    raise RuntimeError(f"FLEETSHARD_ROLE must be 'master' or 'shard', not {_ROLE!r}")

@@ -1,0 +1,59 @@
+"""The master's settings: the shared base, plus the REST API, its docs, and the master's own apps."""
+
+import os
+
+from common.settings.base import *  # noqa: F403
+from common.settings.base import DJANGO_APPS, databases
+
+ROLE = "master"
+DATABASES = databases(ROLE)
+ROOT_URLCONF = "master.urls"
+
+INSTALLED_APPS = [
+    *DJANGO_APPS,
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "common",
+    "master",
+]
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "master.auth.PersonalTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_FILTER_BACKENDS": [
+        "django_filters.rest_framework.DjangoFilterBackend",
+        "rest_framework.filters.OrderingFilter",
+    ],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 100,
+    "EXCEPTION_HANDLER": "master.api_errors.exception_handler",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "fleetshard API",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    # Operation ids stay `hosts_list` and friends even with endpoints outside /api/v1/ (/metrics).
+    "SCHEMA_PATH_PREFIX": r"/api/v1",
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "master.api.links.add_links",
+    ],
+    "ENUM_NAME_OVERRIDES": {
+        "HostStatusEnum": "common.constants.HostStatus.ALL",
+        "JobStatusEnum": "common.constants.JobStatus.ALL",
+        "HQEStatusEnum": "common.constants.HQEStatus.ALL",
+        "ShardStatusEnum": ["online", "offline"],
+    },
+}
+
+FLEETSHARD_MAX_HQES_PER_JOB = int(os.environ.get("FLEETSHARD_MAX_HQES_PER_JOB", "500"))  # a job's bound

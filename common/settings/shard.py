@@ -1,0 +1,46 @@
+"""The shard's settings: the shared base, plus the heartbeat client, the scheduler and the shard app.
+
+The shard serves only its read-only admin (shard/urls.py), so it needs no REST framework.
+"""
+
+import os
+from pathlib import Path
+
+from common.settings.base import *  # noqa: F403
+from common.settings.base import DATA_DIR, DJANGO_APPS, databases
+
+ROLE = "shard"
+DATABASES = databases(ROLE)
+ROOT_URLCONF = "shard.urls"
+
+INSTALLED_APPS = [*DJANGO_APPS, "common", "shard"]
+
+# The heartbeat client (shard/client.py): which master, as which shard.
+FLEETSHARD_MASTER_URL = os.environ.get("FLEETSHARD_MASTER_URL", "http://127.0.0.1:8000")
+FLEETSHARD_SHARD_HOSTNAME = os.environ.get("FLEETSHARD_SHARD_HOSTNAME", "")
+FLEETSHARD_SHARD_TOKEN = os.environ.get("FLEETSHARD_SHARD_TOKEN", "")
+FLEETSHARD_REQUEST_TIMEOUT_S = float(os.environ.get("FLEETSHARD_REQUEST_TIMEOUT_S", "30"))
+
+# The shard's scheduler and executors (shard/scheduler.py). Durations in seconds unless named _mins.
+FLEETSHARD_RESULTS_DIR = Path(os.environ.get("FLEETSHARD_RESULTS_DIR", str(DATA_DIR / "results"))).resolve()
+FLEETSHARD_SCHEDULER_TICK_S = float(os.environ.get("FLEETSHARD_SCHEDULER_TICK_S", "1"))
+FLEETSHARD_MAX_RUNS = int(os.environ.get("FLEETSHARD_MAX_RUNS", "100"))
+FLEETSHARD_ABORT_GRACE_S = float(os.environ.get("FLEETSHARD_ABORT_GRACE_S", "30"))
+FLEETSHARD_DRAIN_S = float(os.environ.get("FLEETSHARD_DRAIN_S", "60"))
+FLEETSHARD_CLEANUP_COMMAND = os.environ.get("FLEETSHARD_CLEANUP_COMMAND", "")
+FLEETSHARD_REPAIR_COMMAND = os.environ.get("FLEETSHARD_REPAIR_COMMAND", "")
+FLEETSHARD_COOLDOWN_S = float(os.environ.get("FLEETSHARD_COOLDOWN_S", "0"))
+FLEETSHARD_HOST_COMMAND_TIMEOUT_S = float(os.environ.get("FLEETSHARD_HOST_COMMAND_TIMEOUT_S", "1800"))
+# The length of a job's "minute" (timeout_mins, max_runtime_mins): 60, except in tests and the demo.
+FLEETSHARD_MINUTE_S = float(os.environ.get("FLEETSHARD_MINUTE_S", "60"))
+# The executor class (a dotted path to a shard.executor.Executor subclass) that runs jobs.
+FLEETSHARD_EXECUTOR = os.environ.get("FLEETSHARD_EXECUTOR", "shard.executor.LocalExecutor")
+# What a job sees (shard/isolation.py): who it runs as when the shard is root, which of the shard's
+# environment variables it gets beyond the allowlist, and how much of its output is kept.
+FLEETSHARD_JOB_USER = os.environ.get("FLEETSHARD_JOB_USER", "nobody")
+FLEETSHARD_JOB_ENV_PASSTHROUGH = os.environ.get("FLEETSHARD_JOB_ENV_PASSTHROUGH", "")
+FLEETSHARD_SHARD_TOKEN_FILE = os.environ.get("FLEETSHARD_SHARD_TOKEN_FILE", "")
+FLEETSHARD_MAX_LOG_BYTES = int(os.environ.get("FLEETSHARD_MAX_LOG_BYTES", str(100 * 1024 * 1024)))
+FLEETSHARD_RESULTS_RETENTION_DAYS = float(os.environ.get("FLEETSHARD_RESULTS_RETENTION_DAYS", "30"))
+# How a run's processes are tracked (shard/tracking.py): auto, cgroup2, freezer, pids or pgroup.
+FLEETSHARD_PROCESS_TRACKING = os.environ.get("FLEETSHARD_PROCESS_TRACKING", "auto")

@@ -1,0 +1,48 @@
+"""Each role's settings (common/settings/): a real process installs only its own role's apps."""
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.support import ROOT, Role
+
+APPS = """
+from django.conf import settings
+from django.core.management import get_commands
+from django.urls import reverse
+result = [settings.ROLE, settings.INSTALLED_APPS, settings.ROOT_URLCONF, sorted(get_commands()), reverse("admin:index")]
+"""
+
+
+@pytest.mark.parametrize(
+    "role, own, foreign",
+    [
+        ("master", {"master", "rest_framework", "drf_spectacular"}, {"shard"}),
+        ("shard", {"shard"}, {"master", "rest_framework", "django_filters", "drf_spectacular"}),
+    ],
+)
+def test_each_role_installs_only_its_own_apps(role, own, foreign, tmp_path):
+    one = Role(role, f"sqlite:///{tmp_path / 'x.sqlite3'}", tmp_path)
+    assert "System check identified no issues" in one.manage("check").stdout
+    name, apps, urls, commands, admin = one.shell(APPS)
+    assert name == role and urls == f"{role}.urls" and admin == "/admin/"
+    assert own | {"common", "django.contrib.admin"} <= set(apps) and not foreign & set(apps)
+    mine, theirs = (["create_token", "serve"], ["run_shard"]) if role == "master" else (["run_shard"], ["create_token"])
+    assert set(mine) <= set(commands) and not set(theirs) & set(commands)
+
+
+def test_the_master_is_the_default_role(tmp_path):
+    env = Role("master", f"sqlite:///{tmp_path / 'x.sqlite3'}", tmp_path).env()
+    del env["FLEETSHARD_ROLE"]
+    code = (
+        "import django; django.setup(); from django.conf import settings; print(settings.ROLE, settings.ROOT_URLCONF)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["master", "master.urls"]
+
+
+def test_an_unknown_role_is_refused_by_name(tmp_path):
+    proc = Role("lab", f"sqlite:///{tmp_path / 'x.sqlite3'}", tmp_path).manage("check", check=False)
+    assert proc.returncode == 1
+    assert "FLEETSHARD_ROLE must be 'master' or 'shard', not 'lab'" in proc.stderr
