@@ -6,7 +6,7 @@ Each topic's actions live in their own module (cli/labels.py, cli/hosts.py, ...)
 
 import click
 
-from cli import audit, hosts, jobs, labels, shards
+from cli import audit, hosts, jobs, labels, results, shards
 from cli.client import DEFAULT_SERVER
 from common.constants import CLIENT_VERSION
 
@@ -26,7 +26,7 @@ def main(server: str, token: str | None) -> None:
     """Drive a fleetshard master: labels, hosts, shards, jobs and the audit trail."""
 
 
-for topic in (labels.label, hosts.host, shards.shard, jobs.job, audit.audit):
+for topic in (labels.label, hosts.host, shards.shard, jobs.job, audit.audit, results.results):
     main.add_command(topic)
 
 
