@@ -1,0 +1,169 @@
+"""`fleetshard results upload`: a spool directory of result files to the master, from cron, several at once."""
+
+import copy
+import fcntl
+import json
+import os
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from cli.main import main
+from master.results.formats import MAX_FILE_BYTES
+from tests.cli.conftest import fails, ok
+from tests.master.results.test_formats import GB_SAMPLE, TF_SAMPLE
+
+T0 = 1_700_000_000
+
+
+def tf_doc(n: int, test: str = "upl_tf") -> dict:
+    doc = copy.deepcopy(TF_SAMPLE)
+    doc["name"], doc["startTime"] = test, str(T0 + n)
+    return doc
+
+
+def gb_doc(n: int, test: str = "upl_gb") -> dict:
+    doc = copy.deepcopy(GB_SAMPLE)
+    doc["context"]["executable"] = f"/build/bench/{test}"
+    doc["context"]["date"] = (datetime.fromtimestamp(T0, UTC) + timedelta(seconds=n)).isoformat()
+    return doc
+
+
+def put(directory: Path, name: str, content: bytes | dict, age_s: float = 0) -> Path:
+    """A result file as a writer leaves it, `age_s` seconds old (the uploader takes the oldest first)."""
+    path = directory / name
+    path.write_bytes(content if isinstance(content, bytes) else json.dumps(content).encode())
+    when = T0 + 10_000_000 - age_s
+    os.utime(path, (when, when))
+    return path
+
+
+def spool(directory: Path, count: int) -> list[str]:
+    """`count` files, alternately TensorFlow and Google Benchmark, each a distinct run; oldest first."""
+    names = []
+    for n in range(count):
+        name = f"r{n:03d}-{'tf' if n % 2 == 0 else 'gb'}.json"
+        put(directory, name, tf_doc(n) if n % 2 == 0 else gb_doc(n), age_s=count - n)
+        names.append(name)
+    return names
+
+
+def upload(url: str, token: str | None, data: Path, *more: str) -> Result:
+    env = {"FLEETSHARD_SERVER": url, "FLEETSHARD_TOKEN": token}
+    args = ["results", "upload", "--data-dir", str(data), "--archive-dir", str(data.parent / "archive"), *more]
+    return CliRunner().invoke(main, args, env=env, prog_name="fleetshard")
+
+
+@pytest.fixture
+def spooldir(tmp_path: Path) -> Path:
+    path = tmp_path / "spool"
+    path.mkdir()
+    return path
+
+
+def listing(path: Path) -> list[str]:
+    return sorted(os.listdir(path)) if path.exists() else []
+
+
+# Without a master: what is refused or set aside before any upload.
+
+
+def test_master_down_keeps_the_files_and_stops_at_the_first(spooldir, dead_server):
+    names = spool(spooldir, 3)
+    result = upload(dead_server, "fs_any", spooldir)
+    assert result.exit_code == 1
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(f"kept {names[0]}: cannot reach the fleetshard server at {dead_server}")
+    assert lines[1:] == ["0 uploaded, 0 quarantined, 1 kept, 0 skipped, 2 not tried (stopped)"]
+    assert result.stderr.startswith(f"Error: 3 files not uploaded, left in {spooldir} for the next run: cannot reach")
+    assert result.stderr.count("\n") == 1
+    assert listing(spooldir) == names and listing(spooldir.parent / "archive") == []
+
+
+def test_master_down_json_lists_the_kept_file(spooldir, dead_server):
+    spool(spooldir, 1)
+    result = upload(dead_server, "fs_any", spooldir, "--json")
+    assert result.exit_code == 1
+    [outcome] = json.loads(result.stdout)
+    assert (outcome["file"], outcome["status"], outcome["moved_to"]) == ("r000-tf.json", "kept", None)
+    assert outcome["reason"].startswith("cannot reach the fleetshard server")
+
+
+def test_symlinks_and_other_non_regular_files_are_skipped_and_left(spooldir, tmp_path, dead_server):
+    secret = put(tmp_path, "elsewhere.json", tf_doc(1))
+    (spooldir / "link.json").symlink_to(secret)
+    (spooldir / "dangling.json").symlink_to(tmp_path / "nothing")
+    os.mkfifo(spooldir / "fifo.json")
+    (spooldir / "dir.json").mkdir()
+    (spooldir / "notes.txt").write_text("not a result")
+    result = ok(upload(dead_server, "fs_any", spooldir))
+    assert result.stdout.splitlines() == [
+        "skipped dangling.json: a symbolic link, not followed",
+        "skipped dir.json: not a regular file",
+        "skipped fifo.json: not a regular file",
+        "skipped link.json: a symbolic link, not followed",
+        "0 uploaded, 0 quarantined, 0 kept, 4 skipped",
+    ]
+    assert listing(spooldir) == ["dangling.json", "dir.json", "fifo.json", "link.json", "notes.txt"]
+    assert secret.exists() and listing(spooldir.parent / "archive") == []
+
+
+def test_a_file_larger_than_the_master_takes_is_quarantined_without_an_upload(spooldir, dead_server):
+    # The master is down: a quarantine here proves nothing was sent.
+    put(spooldir, "huge.json", b" " * MAX_FILE_BYTES + json.dumps(tf_doc(1)).encode())
+    result = ok(upload(dead_server, "fs_any", spooldir))
+    reason = f"huge.json: larger than {MAX_FILE_BYTES} bytes: not uploaded"
+    assert result.stdout.splitlines() == [
+        f"quarantined huge.json: {reason}",
+        "0 uploaded, 1 quarantined, 0 kept, 0 skipped",
+    ]
+    assert listing(spooldir) == ["quarantine"]
+    assert listing(spooldir / "quarantine") == ["huge.json", "huge.json.error"]
+    assert (spooldir / "quarantine" / "huge.json.error").read_text() == reason + "\n"
+    assert (spooldir / "quarantine" / "huge.json").stat().st_size == MAX_FILE_BYTES + len(json.dumps(tf_doc(1)))
+
+
+def test_a_file_another_uploader_holds_is_skipped(spooldir, dead_server):
+    path = put(spooldir, "held.json", tf_doc(1))
+    with open(path, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        result = ok(upload(dead_server, "fs_any", spooldir))
+    assert result.stdout.splitlines() == [
+        "skipped held.json: held by another uploader",
+        "0 uploaded, 0 quarantined, 0 kept, 1 skipped",
+    ]
+    assert listing(spooldir) == ["held.json"]
+
+
+def test_odd_file_names_are_shown_not_acted_on(spooldir, dead_server):
+    (spooldir / "\x1b]0;pwned\x07\u202e.json").symlink_to("/etc/passwd")
+    result = ok(upload(dead_server, "fs_any", spooldir))
+    assert result.stdout.splitlines()[0] == "skipped \\x1b]0;pwned\\x07\\u202e.json: a symbolic link, not followed"
+    assert (
+        json.loads(ok(upload(dead_server, "fs_any", spooldir, "--json")).stdout)[0]["file"]
+        == "\x1b]0;pwned\x07\u202e.json"
+    )
+
+
+def test_an_empty_directory_prints_nothing(spooldir, dead_server):
+    assert ok(upload(dead_server, "fs_any", spooldir)).stdout == ""
+    assert json.loads(ok(upload(dead_server, "fs_any", spooldir, "--json")).stdout) == []
+
+
+def test_bad_directories_and_no_token_are_refused_before_any_file_moves(spooldir, dead_server):
+    spool(spooldir, 2)
+    (spooldir.parent / "afile").write_text("")
+    fails(upload(dead_server, None, spooldir), "Error: no API token: set FLEETSHARD_TOKEN")
+    fails(
+        upload(dead_server, "fs_any", spooldir, "--archive-dir", str(spooldir)),
+        f"Error: invalid archive dir '{spooldir}': it is the data dir",
+    )
+    fails(
+        upload(dead_server, "fs_any", spooldir, "--quarantine-dir", str(spooldir.parent / "afile")),
+        f"Error: invalid quarantine dir '{spooldir.parent / 'afile'}': not a directory",
+    )
+    missing = spooldir.parent / "missing"
+    fails(upload(dead_server, "fs_any", missing), "Directory '" + str(missing) + "' does not exist", code=2)
+    assert listing(spooldir) == ["r000-tf.json", "r001-gb.json"]
