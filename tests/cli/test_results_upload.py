@@ -4,6 +4,9 @@ import copy
 import fcntl
 import json
 import os
+import pty
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -14,6 +17,7 @@ from cli.main import main
 from master.results.formats import MAX_FILE_BYTES
 from tests.cli.conftest import fails, ok
 from tests.master.results.test_formats import GB_SAMPLE, TF_SAMPLE
+from tests.support import ROOT
 
 T0 = 1_700_000_000
 
@@ -167,3 +171,40 @@ def test_bad_directories_and_no_token_are_refused_before_any_file_moves(spooldir
     missing = spooldir.parent / "missing"
     fails(upload(dead_server, "fs_any", missing), "Directory '" + str(missing) + "' does not exist", code=2)
     assert listing(spooldir) == ["r000-tf.json", "r001-gb.json"]
+
+
+def test_a_terminal_gets_a_progress_bar_and_a_pipe_does_not(spooldir, dead_server):
+    paths = [put(spooldir, f"held{n}.json", tf_doc(n), age_s=10 - n) for n in range(2)]
+    env = {**os.environ, "FLEETSHARD_SERVER": dead_server, "FLEETSHARD_TOKEN": "fs_any", "COLUMNS": "100"}
+    args = [sys.executable, "-m", "cli.main", "results", "upload", "--data-dir", str(spooldir), "--archive-dir",
+            str(spooldir.parent / "archive")]  # fmt: skip
+    holds = [open(p, "rb") for p in paths]  # noqa: SIM115
+    try:
+        for held in holds:
+            fcntl.flock(held, fcntl.LOCK_EX)
+        leader, follower = pty.openpty()
+        proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=follower, stderr=subprocess.PIPE)
+        os.close(follower)
+        screen = b""
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # EIO: the process closed the terminal
+                break
+            if not chunk:
+                break
+            screen += chunk
+        assert proc.wait(30) == 0, proc.stderr.read() if proc.stderr else ""
+        os.close(leader)
+        piped = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
+    finally:
+        for held in holds:
+            held.close()
+    text = screen.decode()
+    assert "uploading" in text and "2/2" in text and "#" in text
+    assert "skipped held0.json: held by another uploader" in text
+    assert piped.returncode == 0 and piped.stdout.splitlines() == [
+        "skipped held0.json: held by another uploader",
+        "skipped held1.json: held by another uploader",
+        "0 uploaded, 0 quarantined, 0 kept, 2 skipped",
+    ]
