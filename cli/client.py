@@ -15,12 +15,13 @@ API_PREFIX = "/api/v1"
 class CliError(click.ClickException):
     """A failure the user can act on: printed as one line on stderr, exit status 1."""
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    def __init__(self, message: str, status: int | None = None, reply: str | None = None) -> None:
         # The master's messages quote what users gave it: shown, never acted on by the terminal.
         from cli.output import printable
 
         super().__init__(printable(message))
         self.status = status  # the HTTP status that caused it; None when no answer came
+        self.reply = reply  # the API's own error message, as it sent it
 
 
 def segment(name: str | int) -> str:
@@ -115,11 +116,12 @@ class Api:
                 f"the server at {self.server} refused the token ({message or 'not authenticated'}): "
                 "check FLEETSHARD_TOKEN or --token",
                 status,
+                message,
             )
         if status == 403:
-            raise CliError(f"permission denied: {message or 'not allowed'}", status)
+            raise CliError(f"permission denied: {message or 'not allowed'}", status, message)
         if message:
-            raise CliError(str(message), status)
+            raise CliError(str(message), status, str(message))
         if status >= 500:
             raise CliError(
                 f"the server at {self.server} failed ({status} {resp.reason}) on {resp.request.method} "

@@ -209,17 +209,20 @@ class Uploader:
             try:
                 answer = self.run.api.request("POST", UPLOAD_PATH, params={"name": name}, data=data)
             except CliError as exc:
-                if exc.status in (400, 413):
-                    reason = exc.message
-                    if exc.status == 413 and "answered 413" in reason:
-                        reason = f"{name}: larger than the master accepts (413)"
-                    return self._quarantine(name, reason)
+                if exc.status == 413:
+                    return self._quarantine(name, exc.reply or f"{name}: larger than the master accepts (413)")
+                if exc.status == 400 and exc.reply:
+                    return self._quarantine(name, exc.reply)
                 kept = Outcome(name, "kept", exc.message)
                 if exc.status is None or exc.status in (401, 403, 404):
                     raise _Stop(kept) from None
                 return kept
-            run = answer["run"]
-            outcome = Outcome(name, "uploaded", run=run["id"], entries=run["entries"], created=answer["created"])
+            run = answer.get("run") if isinstance(answer, dict) else None
+            if not isinstance(run, dict) or not isinstance(answer.get("created"), bool):
+                raise _Stop(Outcome(name, "kept", f"the server at {self.run.api.server} did not answer as a master"))
+            outcome = Outcome(
+                name, "uploaded", run=run.get("id"), entries=run.get("entries"), created=answer["created"]
+            )
             return self._moved(outcome, self.archive_dir, None)
 
     def _quarantine(self, name: str, reason: str) -> Outcome:
