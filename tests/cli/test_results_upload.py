@@ -11,13 +11,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+import requests
 from click.testing import CliRunner, Result
 
 from cli.main import main
+from master.models import TestRun
 from master.results.formats import MAX_FILE_BYTES
 from tests.cli.conftest import fails, ok
 from tests.master.results.test_formats import GB_SAMPLE, TF_SAMPLE
-from tests.support import ROOT
+from tests.support import ROOT, wait_until
 
 T0 = 1_700_000_000
 
@@ -208,3 +210,155 @@ def test_a_terminal_gets_a_progress_bar_and_a_pipe_does_not(spooldir, dead_serve
         "skipped held1.json: held by another uploader",
         "0 uploaded, 0 quarantined, 0 kept, 2 skipped",
     ]
+
+
+# Against a live master (the test server over loopback), uploaders as real processes.
+
+live = pytest.mark.django_db(transaction=True)
+BROKEN = {"name": "broken", "startTime": T0, "entries": {"entry": [{"name": "x", "wallTime": "fast"}]}}
+
+
+def start_uploader(server, data: Path, *more: str, token: str | None = None) -> subprocess.Popen[str]:
+    env = {**os.environ, "FLEETSHARD_SERVER": server.url, "FLEETSHARD_TOKEN": token or server.token}
+    args = ["results", "upload", "--data-dir", str(data), "--archive-dir", str(data.parent / "archive"), *more]
+    return subprocess.Popen(
+        [sys.executable, "-m", "cli.main", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def stored() -> list[tuple[str, datetime]]:
+    return sorted(TestRun.objects.values_list("test", "start"))
+
+
+@live
+def test_two_uploaders_at_once_store_each_file_exactly_once(server, spooldir):
+    names = spool(spooldir, 200)
+    put(spooldir, "broken.json", BROKEN, age_s=1000)
+    procs = [start_uploader(server, spooldir, "--json") for _ in range(2)]
+    finished = [proc.communicate(timeout=280) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], [err for _, err in finished]
+    outcomes = [o for out, _ in finished for o in json.loads(out)]
+    uploaded = [o for o in outcomes if o["status"] == "uploaded"]
+    print(
+        "files uploaded by each uploader:",
+        [sum(o["status"] == "uploaded" for o in json.loads(out)) for out, _ in finished],
+    )
+    assert sorted(o["file"] for o in uploaded) == names
+    assert all(o["created"] for o in uploaded) and len({o["run"] for o in uploaded}) == 200
+    assert [o["file"] for o in outcomes if o["status"] == "quarantined"] == ["broken.json"]
+    assert {o["status"] for o in outcomes} <= {"uploaded", "quarantined", "skipped"}
+    assert all(o["reason"] == "held by another uploader" for o in outcomes if o["status"] == "skipped")
+
+    assert TestRun.objects.count() == 200
+    assert len(set(stored())) == 200
+    assert sorted(TestRun.objects.values_list("id", flat=True)) == sorted(o["run"] for o in uploaded)
+    assert set(TestRun.objects.values_list("uploaded_by__username", "job", "hqe")) == {("boss", None, None)}
+    archive = spooldir.parent / "archive"
+    assert listing(spooldir) == ["quarantine"] and listing(archive) == names
+    assert listing(spooldir / "quarantine") == ["broken.json", "broken.json.error"]
+    reason = (spooldir / "quarantine" / "broken.json.error").read_text()
+    assert reason.startswith("broken.json: ") and "wallTime" in reason
+    assert (archive / names[7]).read_bytes() == json.dumps(gb_doc(7)).encode()
+
+    again = start_uploader(server, spooldir)
+    assert again.communicate(timeout=60) == ("", "") and again.returncode == 0
+    assert TestRun.objects.count() == 200
+
+
+@live
+def test_the_same_files_again_are_archived_beside_the_first_without_new_runs(server, spooldir):
+    archive = spooldir.parent / "archive"
+    names = spool(spooldir, 3)
+    first = ok(upload(server.url, server.token, spooldir)).stdout.splitlines()
+    assert [line.split(":")[0] for line in first[:3]] == [f"uploaded {name}" for name in names]
+    assert (
+        first[0]
+        == f"uploaded r000-tf.json: run {TestRun.objects.get(test='upl_tf', start=datetime.fromtimestamp(T0, UTC)).id} (2 entries)"
+    )
+    assert first[3] == "3 uploaded, 0 quarantined, 0 kept, 0 skipped"
+    spool(spooldir, 3)
+    again = ok(upload(server.url, server.token, spooldir)).stdout.splitlines()
+    assert (
+        again[0]
+        == f"uploaded r000-tf.json: run {TestRun.objects.get(test='upl_tf', start=datetime.fromtimestamp(T0, UTC)).id} (2 entries), already stored"
+    )
+    assert TestRun.objects.count() == 3 and listing(spooldir) == []
+    clashes = [name for name in listing(archive) if name not in names]
+    assert len(listing(archive)) == 6 and all(name.endswith(".json") for name in clashes)
+    assert sorted(name.split(".")[0] for name in clashes) == [name.split(".")[0] for name in names]
+    assert all((archive / c).read_bytes() == (archive / (c.split(".")[0] + ".json")).read_bytes() for c in clashes)
+
+
+@live
+def test_killed_between_upload_and_move_the_next_run_archives_without_a_duplicate(server, spooldir):
+    # The state a kill after the upload leaves: the master has the run, the file is still in the data dir.
+    path = put(spooldir, "done.json", tf_doc(5))
+    answer = requests.post(
+        f"{server.url}/api/v1/results/upload",
+        params={"name": "done.json"},
+        data=path.read_bytes(),
+        headers={"Authorization": f"Bearer {server.token}", "Content-Type": "application/json"},
+        timeout=30,
+    )
+    assert answer.status_code == 201, answer.text
+    result = json.loads(ok(upload(server.url, server.token, spooldir, "--json")).stdout)
+    assert [(o["file"], o["status"], o["created"], o["run"]) for o in result] == [
+        ("done.json", "uploaded", False, answer.json()["run"]["id"])
+    ]
+    assert TestRun.objects.count() == 1 and listing(spooldir.parent / "archive") == ["done.json"]
+
+
+@live
+def test_an_uploader_killed_anywhere_loses_and_duplicates_nothing(server, spooldir):
+    names = spool(spooldir, 120)
+    archive = spooldir.parent / "archive"
+    for kill in range(1, 4):
+        proc = start_uploader(server, spooldir)
+        wait_until(lambda n=kill: len(listing(archive)) >= 10 * n, timeout=60, what=f"{10 * kill} files archived")
+        proc.kill()
+        proc.communicate(timeout=30)
+    assert listing(spooldir), "the uploader finished before it was killed: spool more files"
+    ok(upload(server.url, server.token, spooldir))
+    assert listing(spooldir) == [] and listing(archive) == names
+    assert TestRun.objects.count() == 120 and len(set(stored())) == 120
+
+
+@live
+def test_refused_token_and_missing_permission_keep_the_files(server, spooldir):
+    names = spool(spooldir, 2)
+    result = upload(server.url, "fs_wrong", spooldir)
+    assert result.exit_code == 1 and "refused the token" in result.stdout.splitlines()[0]
+    assert result.stdout.splitlines()[0].startswith("kept r000-tf.json: ")
+    result = upload(server.url, server.user_token, spooldir)
+    assert result.exit_code == 1 and result.stdout.splitlines()[0].startswith("kept r000-tf.json: permission denied")
+    assert result.stderr.startswith(f"Error: 2 files not uploaded, left in {spooldir} for the next run: permission")
+    assert listing(spooldir) == names and TestRun.objects.count() == 0
+
+
+@live
+def test_the_master_down_then_back(server, spooldir, dead_server):
+    names = spool(spooldir, 4)
+    assert upload(dead_server, server.token, spooldir).exit_code == 1
+    assert listing(spooldir) == names and TestRun.objects.count() == 0
+    ok(upload(server.url, server.token, spooldir))
+    assert listing(spooldir) == [] and TestRun.objects.count() == 4
+
+
+@live
+def test_a_malformed_file_goes_to_the_named_quarantine_dir_with_the_masters_reason(server, spooldir, tmp_path):
+    put(spooldir, "bad.json", BROKEN, age_s=2)
+    put(spooldir, "good.json", gb_doc(1), age_s=1)
+    put(spooldir, "notjson.json", b"{nope", age_s=0)
+    quarantine = tmp_path / "q" / "deep"
+    lines = ok(upload(server.url, server.token, spooldir, "--quarantine-dir", str(quarantine))).stdout.splitlines()
+    bad_reason = (quarantine / "bad.json.error").read_text().rstrip("\n")
+    assert lines[0] == f"quarantined bad.json: {bad_reason}" and bad_reason.startswith("bad.json: ")
+    assert lines[1].startswith("uploaded good.json: run ")
+    assert lines[2].startswith("quarantined notjson.json: notjson.json: ")
+    assert listing(quarantine) == ["bad.json", "bad.json.error", "notjson.json", "notjson.json.error"]
+    assert listing(spooldir) == [] and TestRun.objects.count() == 1
