@@ -237,7 +237,8 @@ class Uploader:
             if exc.errno == errno.EXDEV:
                 where = f"{to_dir} is not on the data dir's file system (files are moved with one rename)"
             done = "uploaded" if outcome.status == "uploaded" else "not uploaded"
-            return Outcome(outcome.file, "kept", f"{done}, but cannot move it to {where}", outcome.run)
+            # A directory that refuses one file refuses the next: stop rather than upload them all again.
+            raise _Stop(Outcome(outcome.file, "kept", f"{done}, but cannot move it to {where}", outcome.run)) from None
         return outcome
 
 

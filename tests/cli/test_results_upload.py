@@ -7,6 +7,7 @@ import os
 import pty
 import subprocess
 import sys
+import tempfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -275,18 +276,13 @@ def test_the_same_files_again_are_archived_beside_the_first_without_new_runs(ser
     archive = spooldir.parent / "archive"
     names = spool(spooldir, 3)
     first = ok(upload(server.url, server.token, spooldir)).stdout.splitlines()
+    run = TestRun.objects.get(test="upl_tf", start=datetime.fromtimestamp(T0, UTC)).id
     assert [line.split(":")[0] for line in first[:3]] == [f"uploaded {name}" for name in names]
-    assert (
-        first[0]
-        == f"uploaded r000-tf.json: run {TestRun.objects.get(test='upl_tf', start=datetime.fromtimestamp(T0, UTC)).id} (2 entries)"
-    )
+    assert first[0] == f"uploaded r000-tf.json: run {run} (2 entries)"
     assert first[3] == "3 uploaded, 0 quarantined, 0 kept, 0 skipped"
     spool(spooldir, 3)
     again = ok(upload(server.url, server.token, spooldir)).stdout.splitlines()
-    assert (
-        again[0]
-        == f"uploaded r000-tf.json: run {TestRun.objects.get(test='upl_tf', start=datetime.fromtimestamp(T0, UTC)).id} (2 entries), already stored"
-    )
+    assert again[0] == f"uploaded r000-tf.json: run {run} (2 entries), already stored"
     assert TestRun.objects.count() == 3 and listing(spooldir) == []
     clashes = [name for name in listing(archive) if name not in names]
     assert len(listing(archive)) == 6 and all(name.endswith(".json") for name in clashes)
@@ -355,10 +351,36 @@ def test_a_malformed_file_goes_to_the_named_quarantine_dir_with_the_masters_reas
     put(spooldir, "good.json", gb_doc(1), age_s=1)
     put(spooldir, "notjson.json", b"{nope", age_s=0)
     quarantine = tmp_path / "q" / "deep"
+    quarantine.mkdir(parents=True)
+    (quarantine / "notjson.json").write_text("an earlier one")
     lines = ok(upload(server.url, server.token, spooldir, "--quarantine-dir", str(quarantine))).stdout.splitlines()
     bad_reason = (quarantine / "bad.json.error").read_text().rstrip("\n")
     assert lines[0] == f"quarantined bad.json: {bad_reason}" and bad_reason.startswith("bad.json: ")
     assert lines[1].startswith("uploaded good.json: run ")
     assert lines[2].startswith("quarantined notjson.json: notjson.json: ")
-    assert listing(quarantine) == ["bad.json", "bad.json.error", "notjson.json", "notjson.json.error"]
+    [clash, clash_error] = [name for name in listing(quarantine) if name.startswith("notjson.2")]
+    assert listing(quarantine) == sorted(["bad.json", "bad.json.error", "notjson.json", clash, clash_error])
+    assert clash_error == clash + ".error" and clash.endswith(".json")
+    assert (quarantine / "notjson.json").read_text() == "an earlier one"
+    assert (quarantine / clash).read_bytes() == b"{nope"
     assert listing(spooldir) == [] and TestRun.objects.count() == 1
+
+
+@live
+@pytest.mark.skipif(
+    not Path("/dev/shm").is_dir() or os.stat("/dev/shm").st_dev == os.stat(tempfile.gettempdir()).st_dev,
+    reason="needs /dev/shm on another file system than the temporary directory",
+)
+def test_an_archive_on_another_file_system_keeps_the_file_and_stops(server, spooldir):
+    names = spool(spooldir, 2)
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as elsewhere:
+        result = upload(server.url, server.token, spooldir, "--archive-dir", elsewhere)
+        assert result.exit_code == 1 and listing(Path(elsewhere)) == []
+    assert result.stdout.splitlines()[0] == (
+        f"kept {names[0]}: uploaded, but cannot move it to {elsewhere} is not on the data dir's file system "
+        "(files are moved with one rename)"
+    )
+    assert listing(spooldir) == names and TestRun.objects.count() == 1
+    again = ok(upload(server.url, server.token, spooldir)).stdout.splitlines()
+    assert again[0].endswith("already stored") and again[1].startswith(f"uploaded {names[1]}: ")
+    assert listing(spooldir) == [] and TestRun.objects.count() == 2
