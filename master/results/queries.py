@@ -8,7 +8,6 @@ from django.db.models import Count, Max, QuerySet
 
 from master.results.models import Regression, RegressionStatus, TestEntry, TestRun
 
-
 TIMING_FIELDS = ("test", "entry", "start", "wall_time_s", "cpu_time_s", "iterations", "label", "run_id")
 
 
