@@ -8,6 +8,8 @@ from django.db.models import Count, Max, QuerySet
 
 from master.results.models import Regression, RegressionStatus, TestEntry, TestRun
 
+TIMING_FIELDS = ("test", "entry", "start", "wall_time_s", "cpu_time_s", "iterations", "label", "run_id")
+
 
 def tests(since: datetime | None = None) -> QuerySet:
     """Rows of `test`, `runs` and `latest_start`, by test name."""
@@ -28,7 +30,11 @@ def timings(test: str, entry: str, *, label: str | None = None, since: datetime 
         found = found.filter(label=label)
     if since is not None:
         found = found.filter(start__gte=since)
-    return found.select_related("run__host").order_by("-start", "-id")
+    return (
+        found.select_related("run__host")
+        .only(*TIMING_FIELDS, "run__job_id", "run__host__hostname")
+        .order_by("-start", "-id")
+    )
 
 
 def regressions(test: str | None = None, status: RegressionStatus | None = None) -> QuerySet:
