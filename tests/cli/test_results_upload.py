@@ -237,7 +237,7 @@ def stored() -> list[tuple[str, datetime]]:
 
 
 @live
-def test_two_uploaders_at_once_store_each_file_exactly_once(server, spooldir):
+def test_two_uploaders_at_once_store_each_file_exactly_once(cli, server, spooldir):
     names = spool(spooldir, 200)
     put(spooldir, "broken.json", BROKEN, age_s=1000)
     procs = [start_uploader(server, spooldir, "--json") for _ in range(2)]
@@ -259,6 +259,8 @@ def test_two_uploaders_at_once_store_each_file_exactly_once(server, spooldir):
     assert len(set(stored())) == 200
     assert sorted(TestRun.objects.values_list("id", flat=True)) == sorted(o["run"] for o in uploaded)
     assert set(TestRun.objects.values_list("uploaded_by__username", "job", "hqe")) == {("boss", None, None)}
+    tests = json.loads(ok(cli("results", "tests", "--json")).stdout)
+    assert sorted((t["test"], t["runs"]) for t in tests) == [("upl_gb", 100), ("upl_tf", 100)]
     archive = spooldir.parent / "archive"
     assert listing(spooldir) == ["quarantine"] and listing(archive) == names
     assert listing(spooldir / "quarantine") == ["broken.json", "broken.json.error"]
