@@ -203,7 +203,7 @@ class Uploader:
         with taken(self.data_dir, name) as got:
             if isinstance(got, str):
                 return Outcome(name, "skipped", got) if got else None
-            data = _read(got)
+            data = None if os.fstat(got).st_size > MAX_FILE_BYTES else _read(got)
             if data is None:
                 return self._quarantine(name, f"{name}: larger than {MAX_FILE_BYTES} bytes: not uploaded")
             try:
