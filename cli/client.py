@@ -15,11 +15,13 @@ API_PREFIX = "/api/v1"
 class CliError(click.ClickException):
     """A failure the user can act on: printed as one line on stderr, exit status 1."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, status: int | None = None, reply: str | None = None) -> None:
         # The master's messages quote what users gave it: shown, never acted on by the terminal.
         from cli.output import printable
 
         super().__init__(printable(message))
+        self.status = status  # the HTTP status that caused it; None when no answer came
+        self.reply = reply  # the API's own error message, as it sent it
 
 
 def segment(name: str | int) -> str:
@@ -55,20 +57,36 @@ class Api:
         self.session = _retrying_session()
         self.total = 0  # the object count of the last list(), for "showing N of M"
 
-    def request(self, method: str, path: str, *, params: dict[str, Any] | None = None, body: Any = None) -> Any:
+    def require_token(self) -> None:
         if not self.token:
             raise CliError(
                 "no API token: set FLEETSHARD_TOKEN or pass --token "
                 "(an administrator creates one with `manage.py create_token USERNAME`)"
             )
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, Any] | None = None,
+        body: Any = None,
+        data: bytes | None = None,
+    ) -> Any:
+        """`body` is sent as JSON; `data` (a file's raw bytes) as it is."""
+        self.require_token()
+        headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
+        if data is not None:
+            headers["Content-Type"] = "application/octet-stream"
         url = path if path.startswith(("http://", "https://")) else f"{self.server}{API_PREFIX}{path}"
         try:
             resp = self.session.request(
                 method,
                 url,
                 params=params,
-                json=body,
-                headers={"Authorization": f"Bearer {self.token}", "Accept": "application/json"},
+                json=body if data is None else None,
+                data=data,
+                headers=headers,
                 timeout=(5, self.timeout),
             )
         except (requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema, requests.exceptions.InvalidURL):
@@ -92,23 +110,28 @@ class Api:
         if resp.ok and data is not None:
             return data
         message = data.get("error") if isinstance(data, dict) else None
-        if resp.status_code == 401:
+        status = resp.status_code
+        if status == 401:
             raise CliError(
                 f"the server at {self.server} refused the token ({message or 'not authenticated'}): "
-                "check FLEETSHARD_TOKEN or --token"
+                "check FLEETSHARD_TOKEN or --token",
+                status,
+                message,
             )
-        if resp.status_code == 403:
-            raise CliError(f"permission denied: {message or 'not allowed'}")
+        if status == 403:
+            raise CliError(f"permission denied: {message or 'not allowed'}", status, message)
         if message:
-            raise CliError(str(message))
-        if resp.status_code >= 500:
+            raise CliError(str(message), status, str(message))
+        if status >= 500:
             raise CliError(
-                f"the server at {self.server} failed ({resp.status_code} {resp.reason}) on {resp.request.method} "
-                f"{resp.url}; its log says why"
+                f"the server at {self.server} failed ({status} {resp.reason}) on {resp.request.method} "
+                f"{resp.url}; its log says why",
+                status,
             )
         raise CliError(
-            f"the server at {self.server} answered {resp.status_code} {resp.reason} to {resp.request.method} "
-            f"{resp.url}; is it a fleetshard master?"
+            f"the server at {self.server} answered {status} {resp.reason} to {resp.request.method} "
+            f"{resp.url}; is it a fleetshard master?",
+            status,
         )
 
     def get(self, path: str, **params: Any) -> Any:

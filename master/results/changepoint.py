@@ -106,7 +106,14 @@ def residual_level(y: np.ndarray, cuts: list[tuple[int, float]]) -> float:
     """The noise's standard deviation around the medians of the segments between `cuts`: about twice
     as precise as `noise_level` once the steps are known, hence the second pass."""
     bounds = [0, *(c for c, _ in cuts), len(y)]
-    return _trimmed_sd(np.concatenate([y[a:b] - np.median(y[a:b]) for a, b in itertools.pairwise(bounds)]))
+    return _trimmed_sd(np.concatenate([y[a:b] - _median(y[a:b]) for a, b in itertools.pairwise(bounds)]))
+
+
+def _median(a: np.ndarray) -> float:
+    """np.median of a short array without its overhead (it runs after every upload, per series)."""
+    s = sorted(a.tolist())
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
 def _trimmed_sd(d: np.ndarray) -> float:
@@ -114,7 +121,7 @@ def _trimmed_sd(d: np.ndarray) -> float:
     if len(a) == 0:
         return 0.0
     a = a[: max(1, math.ceil(len(a) * _TRIM))]
-    return math.sqrt(float(np.mean(a * a)) / _TRIMMED_VAR)
+    return math.sqrt(float(a @ a) / len(a) / _TRIMMED_VAR)
 
 
 def clipped(y: np.ndarray, sigma: float) -> np.ndarray:
@@ -123,9 +130,9 @@ def clipped(y: np.ndarray, sigma: float) -> np.ndarray:
     n = len(y)
     med = np.empty(n)
     if n > 2 * h:
-        med[h : n - h] = np.median(sliding_window_view(y, 2 * h + 1), axis=1)
+        med[h : n - h] = np.sort(sliding_window_view(y, 2 * h + 1), axis=1)[:, h]
     for i in [*range(min(h, n)), *range(max(h, n - h), n)]:
-        med[i] = np.median(y[max(0, i - h) : i + h + 1])
+        med[i] = _median(y[max(0, i - h) : i + h + 1])
     return np.clip(y, med - CLIP_SIGMAS * sigma, med + CLIP_SIGMAS * sigma)
 
 
@@ -168,8 +175,8 @@ def _significant(x: np.ndarray, cuts: list[tuple[int, float]], min_change_pct: f
         bounds = [0, *(c for c, _ in cuts), len(x)]
         steps = []
         for k, (cut, score) in enumerate(cuts):
-            before = float(np.median(x[bounds[k] : cut]))
-            after = float(np.median(x[cut : bounds[k + 2]]))
+            before = _median(x[bounds[k] : cut])
+            after = _median(x[cut : bounds[k + 2]])
             change = (after - before) / before * 100 if before > 0 else (math.inf if after > 0 else 0.0)
             steps.append(Step(cut, before, after, change, score))
         small = [k for k, s in enumerate(steps) if abs(s.change_pct) < min_change_pct]
