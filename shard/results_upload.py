@@ -35,12 +35,10 @@ from master.results.formats.records import MAX_FILE_BYTES
 from shard.client import HeartbeatClient, backoff, error_of, field_of, jittered, master_session
 from shard.config import SchedulerConfig
 from shard.executor import UnsafeFile, open_regular
+from shard.workspace import ARCHIVE, QUARANTINE, RESULTS
 
 log = logging.getLogger(__name__)
 
-RESULTS = "results"
-ARCHIVE = "archive"
-QUARANTINE = "quarantine"
 ERROR_SUFFIX = ".error"
 RESULT_SUFFIX = ".json"
 MAX_FILES_PER_RUN = 1000

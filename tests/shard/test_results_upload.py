@@ -10,18 +10,20 @@ from pathlib import Path
 import pytest
 
 from master.results.formats.records import MAX_FILE_BYTES
+from shard.client import HeartbeatClient
 from shard.config import SchedulerConfig
 from shard.isolation import JobUser
 from shard.results_upload import (
-    ARCHIVE,
     ARCHIVED,
     MAX_FILES_PER_RUN,
-    QUARANTINE,
     MasterUnavailable,
+    ResultsUploader,
     Verdict,
     job_owners,
     upload_run,
 )
+from shard.workspace import ARCHIVE, QUARANTINE
+from tests.shard.world import ShardWorld
 
 NOBODY = pwd.getpwnam("nobody")
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the job's files belong to another user")
@@ -218,3 +220,42 @@ def test_results_as_a_link_is_not_followed(tmp_path):
     assert upload(run, answers)
     assert answers.sent == []
     assert listing(elsewhere) == ["x.json"]
+
+
+def uploader_for(world: ShardWorld, answers: Answers) -> ResultsUploader:
+    client = HeartbeatClient("http://127.0.0.1:9", "shard1", "token")
+    uploader = ResultsUploader(client, world.config)
+    uploader.sender = answers  # type: ignore[assignment]
+    return uploader
+
+
+WRITES_RESULTS = 'mkdir "$FLEETSHARD_RESULTS_DIR/results" && echo {} > "$FLEETSHARD_RESULTS_DIR/results/r.json"'
+
+
+def test_only_ended_runs_are_taken_and_a_restart_finds_what_is_left(world):
+    world.host("h1", ("lab",))
+    world.host("h2", ("lab",))
+    ended = world.job(WRITES_RESULTS, meta_host="lab")
+    running = world.job(WRITES_RESULTS + "; sleep 60", meta_host="lab")
+    world.run_until(lambda: world.finished(ended), what="the first job to end")
+    world.run_until(lambda: world.hqe(running).status == "Running", what="the second job to run")
+    answers = Answers(**{"r.json": MasterUnavailable("down")})
+    uploader = uploader_for(world, answers)
+    uploader.find_ended()
+    assert list(uploader.pending) == [world.hqe(ended).id]
+    with pytest.raises(MasterUnavailable):
+        uploader.upload_pending(threading.Event())
+    # A restarted shard looks at every ended run again: the file still in results/ is its queue.
+    answers.by_name.clear()
+    restarted = uploader_for(world, answers)
+    restarted.find_ended()
+    assert list(restarted.pending) == [world.hqe(ended).id]
+    restarted.upload_pending(threading.Event())
+    assert restarted.pending == {}
+    run = Path(world.hqe(ended).results_dir)
+    assert listing(run / ARCHIVE) == ["r.json"]
+    # A later look skips runs it has seen; the second job's run is taken once it ends.
+    world.abort(running)
+    world.run_until(lambda: world.finished(running), what="the second job to end")
+    restarted.find_ended()
+    assert list(restarted.pending) == [world.hqe(running).id]
