@@ -2,12 +2,16 @@
 cannot make the shard do. The file handling runs on real files against a recording stand-in for the
 master's answers; the uploads themselves against a real master (the `master_server` tests below)."""
 
+import json
 import os
 import pwd
+import subprocess
 import threading
+import uuid
 from pathlib import Path
 
 import pytest
+import requests
 
 from master.results.formats.records import MAX_FILE_BYTES
 from shard.client import HeartbeatClient
@@ -18,12 +22,15 @@ from shard.results_upload import (
     MAX_FILES_PER_RUN,
     MasterUnavailable,
     ResultsUploader,
+    Sender,
     Verdict,
     job_owners,
     upload_run,
 )
 from shard.workspace import ARCHIVE, QUARANTINE
+from tests.shard.fleet import ACTIVE, new_shard, sql, submit, writable_by_jobs
 from tests.shard.world import ShardWorld
+from tests.support import Master, Role, drop_database, free_port, fresh_database_url, stop, wait_until
 
 NOBODY = pwd.getpwnam("nobody")
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the job's files belong to another user")
@@ -259,3 +266,167 @@ def test_only_ended_runs_are_taken_and_a_restart_finds_what_is_left(world):
     world.run_until(lambda: world.finished(running), what="the second job to end")
     restarted.find_ended()
     assert list(restarted.pending) == [world.hqe(running).id]
+
+
+# Against a real master (the results endpoint of master/api/results.py) and real shard processes.
+
+
+def tf_file(test: str, start: int, wall_s: float = 0.5) -> bytes:
+    """A TensorFlow TestResults file of one entry."""
+    entry = {"name": "BM_Step", "iters": "10", "wallTime": wall_s, "cpuTime": wall_s}
+    return json.dumps({"name": test, "startTime": str(start), "entries": {"entry": [entry]}}).encode()
+
+
+def master_rows(master: Master, query: str) -> list[tuple]:
+    return sql(master.role.database_url, query)
+
+
+def stored_runs(master: Master, test: str) -> list[tuple]:
+    """(job_id, hqe_id, host_id, shard_id) of each stored run of `test`."""
+    return master_rows(
+        master, f"SELECT job_id, hqe_id, host_id, shard_id FROM master_testrun WHERE test = '{test}' ORDER BY id"
+    )
+
+
+def hqe_of(master: Master, job_id: int) -> int:
+    ((hqe_id,),) = master_rows(master, f"SELECT id FROM common_hostqueueentry WHERE job_id = {int(job_id)}")
+    return hqe_id
+
+
+@pytest.fixture
+def lab(master_server, tmp_path):
+    """A shard on the master with one queued job, and the shard's token: the job's HQE is this shard's."""
+    shard = new_shard(master_server, tmp_path, hosts=1)
+    (job,) = submit(master_server, [{"name": "measured", "command": "true", "meta_hosts": [[shard.label, 1]]}])
+    return shard, hqe_of(master_server, job)
+
+
+def sender_of(master: Master, shard) -> Sender:
+    return Sender(master.url, shard.process.role.extra_env["FLEETSHARD_SHARD_TOKEN"], timeout_s=30)
+
+
+@pytest.mark.e2e
+def test_the_master_stores_a_file_once_and_a_malformed_one_is_quarantined_with_its_reason(master_server, tmp_path, lab):
+    shard, hqe_id = lab
+    test = f"upload-{uuid.uuid4().hex[:8]}"
+    run = make_run(tmp_path, {"good.json": tf_file(test, 1_700_000_000), "bad.json": b'{"name": 3}'})
+    sender = sender_of(master_server, shard)
+    assert upload_run(run, hqe_id, sender, owners(), threading.Event())
+    assert listing(run / ARCHIVE) == ["good.json"]
+    assert listing(run / QUARANTINE) == ["bad.json", "bad.json.error"]
+    reason = (run / QUARANTINE / "bad.json.error").read_text()
+    assert reason.startswith("the master refused it (400): bad.json") and reason.endswith("\n")
+    ((job_id, stored_hqe, _, shard_id),) = stored_runs(master_server, test)
+    assert stored_hqe == hqe_id and shard_id is not None
+    # A crash between the upload and the move leaves the file in results/: sent again, stored once.
+    (run / ARCHIVE / "good.json").rename(run / "results" / "good.json")
+    assert upload_run(run, hqe_id, sender, owners(), threading.Event())
+    assert listing(run / ARCHIVE) == ["good.json"]
+    assert len(stored_runs(master_server, test)) == 1
+
+
+@pytest.mark.e2e
+def test_an_unknown_hqe_or_another_shards_quarantines_the_whole_run(master_server, tmp_path, lab):
+    shard, hqe_id = lab
+    other = new_shard(master_server, tmp_path / "other", hosts=1)
+    test = f"upload-{uuid.uuid4().hex[:8]}"
+    files = {"a.json": tf_file(test, 1_700_000_001), "b.json": tf_file(test, 1_700_000_002)}
+    theirs = make_run(tmp_path / "theirs", files)
+    assert upload_run(theirs, hqe_id, sender_of(master_server, other), owners(), threading.Event())
+    assert listing(theirs / QUARANTINE) == ["a.json", "a.json.error", "b.json", "b.json.error"]
+    assert (theirs / QUARANTINE / "b.json.error").read_text().startswith(f"the master refused HQE {hqe_id} (403): ")
+    unknown = make_run(tmp_path / "unknown", files)
+    assert upload_run(unknown, 2**40, sender_of(master_server, shard), owners(), threading.Event())
+    assert (unknown / QUARANTINE / "a.json.error").read_text().startswith(f"the master refused HQE {2**40} (404): ")
+    assert stored_runs(master_server, test) == []
+
+
+@pytest.mark.e2e
+def test_a_refused_token_or_an_absent_master_keeps_the_files(master_server, tmp_path, lab):
+    _, hqe_id = lab
+    run = make_run(tmp_path, {"a.json": tf_file("kept", 1_700_000_003)})
+    for sender in (Sender(master_server.url, "revoked-token"), Sender(f"http://127.0.0.1:{free_port()}", "t")):
+        with pytest.raises(MasterUnavailable):
+            upload_run(run, hqe_id, sender, owners(), threading.Event())
+        assert listing(run / "results") == ["a.json"]
+        assert listing(run) == ["results"]
+
+
+def copying_job(tmp_path: Path, files: dict[str, bytes], *, wait_for: str = "") -> str:
+    """A job command that writes `files` into its results/ (as the job user), after `wait_for` exists."""
+    shared = writable_by_jobs(tmp_path)
+    source = shared / uuid.uuid4().hex[:8]
+    source.mkdir()
+    for name, data in files.items():
+        (source / name).write_bytes(data)
+        (source / name).chmod(0o644)
+    source.chmod(0o755)
+    wait = f'while [ ! -e "{wait_for}" ]; do sleep 0.1; done; ' if wait_for else ""
+    return f'{wait}mkdir "$FLEETSHARD_RESULTS_DIR/results" && cp {source}/*.json "$FLEETSHARD_RESULTS_DIR/results/"'
+
+
+def shard_run_dir(shard, job_id: int) -> Path | None:
+    rows = sql(shard.url, f"SELECT results_dir, status FROM common_hostqueueentry WHERE job_id = {int(job_id)}")
+    return Path(rows[0][0]) if rows and rows[0][0] and rows[0][1] not in ACTIVE else None
+
+
+def serve(role: Role, port: int) -> subprocess.Popen:
+    proc = role.start("serve", "--bind", f"127.0.0.1:{port}", "--workers", "1", log_name=f"master-{port}.log")
+
+    def up() -> bool:
+        try:
+            return requests.get(f"http://127.0.0.1:{port}/admin/login/", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    wait_until(up, timeout=60, what="the master to serve")
+    return proc
+
+
+@pytest.fixture
+def own_master(tmp_path):
+    """A master of this test's own, which the test may stop and start again on the same port."""
+    data_dir = tmp_path / "own-master"
+    data_dir.mkdir()
+    url = fresh_database_url(data_dir, "master")
+    role = Role("master", url, data_dir)
+    role.manage("migrate", "--noinput")
+    port = free_port()
+    master = Master(role, f"http://127.0.0.1:{port}", serve(role, port))
+    yield master
+    stop(master.proc)
+    drop_database(url)
+
+
+@pytest.mark.e2e
+def test_results_made_while_the_master_is_down_reach_it_once_it_is_back(own_master, tmp_path, started):
+    shard = new_shard(own_master, tmp_path, hosts=1)
+    test = f"outage-{uuid.uuid4().hex[:8]}"
+    go = writable_by_jobs(tmp_path) / "go"
+    command = copying_job(tmp_path, {"r.json": tf_file(test, 1_700_000_100)}, wait_for=str(go))
+    (job,) = submit(own_master, [{"name": "measured", "command": command, "meta_hosts": [[shard.label, 1]]}])
+    proc = shard.process.role.start("run_shard", log_name="run.log")
+    log = shard.process.role.data_dir / "run.log"
+    started.append((proc, log))
+    running = f"SELECT status FROM common_hostqueueentry WHERE job_id = {job}"
+    wait_until(lambda: sql(own_master.role.database_url, running) == [("Running",)], timeout=60, what="Running")
+    stop(own_master.proc)
+    go.touch()
+    run = wait_until(lambda: shard_run_dir(shard, job), timeout=60, what="the run to end on the shard")
+    wait_until(lambda: "results upload paused" in log.read_text(), timeout=60, what="an upload to fail")
+    assert listing(run / "results") == ["r.json"]
+    assert not (run / ARCHIVE).exists()
+    own_master.proc = serve(own_master.role, int(own_master.url.rsplit(":", 1)[1]))
+    wait_until(lambda: listing(run / ARCHIVE) == ["r.json"], timeout=120, what="the file archived")
+    assert listing(run / "results") == []
+    ((job_id, hqe_id, host_id, _),) = stored_runs(own_master, test)
+    assert (job_id, host_id) == (job, next(iter(shard.hosts.values())))
+    assert hqe_id == hqe_of(own_master, job)
+    wait_until(lambda: sql(own_master.role.database_url, running) == [("Completed",)], timeout=60, what="Completed")
+    # A restarted shard looks at every ended run again: nothing left to send, nothing sent twice.
+    assert stop(proc) == 0
+    (run / ARCHIVE / "r.json").rename(run / "results" / "r.json")
+    again = shard.process.role.start("run_shard", log_name="run2.log")
+    started.append((again, shard.process.role.data_dir / "run2.log"))
+    wait_until(lambda: listing(run / ARCHIVE) == ["r.json"], timeout=120, what="the file archived again")
+    assert len(stored_runs(own_master, test)) == 1
