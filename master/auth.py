@@ -1,12 +1,29 @@
-"""REST API authentication with personal tokens; shard tokens are refused here (heartbeat only)."""
+"""REST API authentication with personal tokens; shard tokens are refused here (heartbeat only), but
+for the one endpoint that takes them too (results upload: ResultsUploadAuthentication)."""
 
 from collections.abc import Collection
+from dataclasses import dataclass
 from typing import Any
 
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
+from common.models import Shard
 from master.tokens import find_token, touch
+
+
+@dataclass(frozen=True)
+class ShardPrincipal:
+    """The caller of a request made with a shard's token: the shard, never a person."""
+
+    shard: Shard
+    is_authenticated = True
+    is_active = True
+    is_staff = False
+    pk = None
+
+    def get_username(self) -> str:
+        return f"shard {self.shard.hostname}"
 
 
 def bearer_token(header: str, schemes: Collection[str] = ("bearer",)) -> str | None:
@@ -21,6 +38,7 @@ def bearer_token(header: str, schemes: Collection[str] = ("bearer",)) -> str | N
 
 class PersonalTokenAuthentication(authentication.BaseAuthentication):
     keyword = "Bearer"
+    shard_tokens = False
 
     def authenticate(self, request: Request) -> tuple[Any, Any] | None:
         header = authentication.get_authorization_header(request).decode("latin-1")
@@ -32,6 +50,9 @@ class PersonalTokenAuthentication(authentication.BaseAuthentication):
         token = find_token(raw)
         if token is None:
             raise exceptions.AuthenticationFailed("unknown or revoked token")
+        if token.user_id is None and self.shard_tokens:
+            touch(token)
+            return ShardPrincipal(token.shard), token
         if token.user_id is None:
             raise exceptions.AuthenticationFailed("a shard token is only valid for the heartbeat")
         if not token.user.is_active:
@@ -41,3 +62,9 @@ class PersonalTokenAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request: Request) -> str:
         return self.keyword
+
+
+class ResultsUploadAuthentication(PersonalTokenAuthentication):
+    """A person's token or a shard's: a shard uploads the result files of its own HQEs."""
+
+    shard_tokens = True

@@ -76,3 +76,18 @@ class Token(models.Model):
     def __str__(self) -> str:
         owner = f"shard {self.shard}" if self.shard_id else f"user {self.user}"
         return f"{self.prefix}… ({owner})"
+
+
+# Benchmark results live in their own module; Django finds an app's models here.
+from master.results.models import Regression, RegressionStatus, RejectedResult, TestEntry, TestRun  # noqa: E402
+
+__all__ = [
+    "AuditRecord",
+    "AuditTarget",
+    "Regression",
+    "RegressionStatus",
+    "RejectedResult",
+    "TestEntry",
+    "TestRun",
+    "Token",
+]

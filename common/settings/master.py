@@ -53,6 +53,7 @@ SPECTACULAR_SETTINGS = {
         "JobStatusEnum": "common.constants.JobStatus.ALL",
         "HQEStatusEnum": "common.constants.HQEStatus.ALL",
         "ShardStatusEnum": ["online", "offline"],
+        "RegressionStatusEnum": "master.results.models.RegressionStatus",
     },
 }
 

@@ -19,7 +19,8 @@ APP = "common"
 
 
 def perm(codename: str) -> str:
-    return f"{APP}.{codename}"
+    """`add_host` -> `common.add_host`; a codename of another app is given whole (`master.add_testrun`)."""
+    return codename if "." in codename else f"{APP}.{codename}"
 
 
 def has_perms(user: Any, codenames: tuple[str, ...]) -> bool:

@@ -20,6 +20,18 @@ class PersonalTokenScheme(OpenApiAuthenticationExtension):
         }
 
 
+class ResultsUploadScheme(OpenApiAuthenticationExtension):
+    target_class = "master.auth.ResultsUploadAuthentication"
+    name = "resultsUploadToken"
+
+    def get_security_definition(self, auto_schema: AutoSchema) -> dict[str, Any]:
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "A personal API token, or a shard's token (for the results of its own HQEs).",
+        }
+
+
 _ERRORS = {
     "400": "Invalid input; `error` names the offending field.",
     "401": "Missing, unknown or shard token.",

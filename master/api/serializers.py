@@ -172,9 +172,19 @@ class JobSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class QuarantinedSerializer(serializers.Serializer):
+    name = serializers.CharField(read_only=True, help_text="The result file's name.")
+    reason = serializers.CharField(read_only=True, help_text="Why it could not be stored.")
+
+
 class HQEDetailSerializer(HQESerializer):
+    quarantined = QuarantinedSerializer(
+        source="rejected_results", many=True, read_only=True, help_text="Result files the master refused."
+    )
+    results = serializers.IntegerField(source="result_count", read_only=True, help_text="Test runs stored from it.")
+
     class Meta(HQESerializer.Meta):
-        fields = [*HQESerializer.Meta.fields, "log_tail"]
+        fields = [*HQESerializer.Meta.fields, "log_tail", "quarantined", "results"]
         read_only_fields = fields
 
 

@@ -4,7 +4,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import SimpleRouter
 
-from master.api import views
+from master.api import results, views
 
 router = SimpleRouter()
 router.register("labels", views.LabelViewSet, basename="label")
@@ -12,10 +12,15 @@ router.register("hosts", views.HostViewSet, basename="host")
 router.register("shards", views.ShardViewSet, basename="shard")
 router.register("jobs", views.JobViewSet, basename="job")
 router.register("audit", views.AuditViewSet, basename="audit")
+router.register("results/tests", results.ResultTestViewSet, basename="result-test")
+router.register("results/runs", results.ResultRunViewSet, basename="result-run")
+router.register("results/timings", results.TimingViewSet, basename="result-timing")
+router.register("results/regressions", results.RegressionViewSet, basename="result-regression")
 
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("auth/", include("rest_framework.urls")),
+    path("results/upload", results.ResultUploadView.as_view(), name="results-upload"),
     path("", include(router.urls)),
 ]

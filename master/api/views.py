@@ -4,7 +4,7 @@ master.services, so the API, the admin and the command line refuse the same thin
 from collections.abc import Sequence
 from typing import Any
 
-from django.db.models import Model, Prefetch, QuerySet
+from django.db.models import Count, Model, Prefetch, QuerySet
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -311,6 +311,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
         hqes = HostQueueEntry.objects.select_related("host", "meta_host")
         if self.action != "retrieve":
             hqes = hqes.defer("log_tail")
+        else:  # the detail's results and quarantined files (HQEDetailSerializer)
+            hqes = hqes.annotate(result_count=Count("test_runs")).prefetch_related("rejected_results")
         return Job.objects.select_related("shard").prefetch_related("dependency_labels", Prefetch("hqes", hqes))
 
     def get_serializer_class(self) -> type[Serializer]:

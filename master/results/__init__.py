@@ -1,5 +1,6 @@
-"""Benchmark results (DESIGN.md, "Benchmark results"): parsing result files and finding regressions.
+"""Benchmark results (DESIGN.md, "Benchmark results"): parsing result files, storing them, querying
+them and finding regressions.
 
-Pure Python: nothing here touches the database, so the parsers and the detector are usable from the
-master's services, the shard's uploader and the benchmarks alike.
+`formats` and `changepoint` are pure Python, usable from the master's services, the shard's uploader
+and the benchmarks alike; `models`, `ingest`, `queries` and `regressions` are the master's storage.
 """

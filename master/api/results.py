@@ -1,0 +1,323 @@
+"""REST endpoints of benchmark results under /api/v1/results/: the upload of one result file (a
+person's token or a shard's) and the queries of DESIGN.md ("Benchmark results"), whose field names
+are the CLI's JSON."""
+
+from typing import Any
+
+from django.http import HttpRequest
+from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import mixins, serializers, status
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from common.errors import FleetshardError, NotFound
+from common.models import HostQueueEntry
+from master.api.filters import parse_since
+from master.api.permissions import AdminPermissionsOrReadOnly
+from master.api.schema import FleetshardAutoSchema
+from master.api.serializers import INT64_MAX, ErrorSerializer
+from master.api.views import _Base
+from master.auth import ResultsUploadAuthentication, ShardPrincipal
+from master.results import queries
+from master.results.formats import MAX_FILE_BYTES, ResultFormatError
+from master.results.ingest import record_rejection, store_result_file
+from master.results.models import Regression, RegressionStatus, TestEntry, TestRun
+from master.results.regressions import parse_status, set_regression_status
+
+# Output
+
+
+class ResultTestSerializer(serializers.Serializer):
+    test = serializers.CharField(read_only=True)
+    runs = serializers.IntegerField(read_only=True, help_text="How many runs (result files) it has.")
+    latest_start = serializers.DateTimeField(read_only=True)
+
+
+class RunSerializer(serializers.ModelSerializer):
+    host = serializers.SlugRelatedField(slug_field="hostname", read_only=True, allow_null=True)
+    shard = serializers.SlugRelatedField(slug_field="hostname", read_only=True, allow_null=True)
+    job = serializers.PrimaryKeyRelatedField(read_only=True, allow_null=True)
+    hqe = serializers.PrimaryKeyRelatedField(read_only=True, allow_null=True)
+    entries = serializers.IntegerField(source="entry_count", read_only=True, help_text="How many entries it has.")
+    label = serializers.CharField(read_only=True, help_text="The host's board label at run time; '' for uploads.")
+
+    class Meta:
+        model = TestRun
+        fields = ["id", "test", "start", "job", "hqe", "host", "shard", "entries", "label", "format", "created_on"]
+        read_only_fields = fields
+
+
+class TimingSerializer(serializers.ModelSerializer):
+    host = serializers.SerializerMethodField()
+    job = serializers.SerializerMethodField()
+
+    class Meta:
+        model = TestEntry
+        fields = ["test", "entry", "start", "wall_time_s", "cpu_time_s", "iterations", "host", "job", "label", "run"]
+        read_only_fields = fields
+
+    def get_host(self, entry: TestEntry) -> str | None:
+        return entry.run.host.hostname if entry.run.host is not None else None
+
+    def get_job(self, entry: TestEntry) -> int | None:
+        return entry.run.job_id
+
+
+class RegressionSerializer(serializers.ModelSerializer):
+    start = serializers.DateTimeField(read_only=True, help_text="The start of the first slow run.")
+    before_s = serializers.FloatField(read_only=True, help_text="Typical timing (median) before the step, seconds.")
+    after_s = serializers.FloatField(read_only=True, help_text="Typical timing (median) after the step, seconds.")
+
+    class Meta:
+        model = Regression
+        fields = [
+            "id",
+            "test",
+            "entry",
+            "label",
+            "start",
+            "before_s",
+            "after_s",
+            "change_pct",
+            "status",
+            "detected_on",
+            "fixed_on",
+            "run",
+        ]
+        read_only_fields = fields
+
+
+class UploadSerializer(serializers.Serializer):
+    created = serializers.BooleanField(help_text="False: the same file was stored before; nothing new.")
+    run = RunSerializer()
+
+
+class RegressionStatusSerializer(serializers.Serializer):
+    status = serializers.ChoiceField(choices=RegressionStatus.choices)
+
+
+# Query parameters
+
+
+def _since(request: Request) -> Any:
+    value = request.query_params.get("since")
+    return parse_since(value, timezone.now()) if value else None
+
+
+def _required(request: Request, name: str) -> str:
+    value = request.query_params.get(name, "")
+    if not value:
+        raise FleetshardError(f"the {name} query parameter is required", field=name)
+    return value
+
+
+SINCE = OpenApiParameter(
+    "since", str, description="Only runs that started at or after this ISO time, or within this age (90m, 24h, 7d)."
+)
+TEST = OpenApiParameter("test", str, required=True, description="The test's name.")
+
+
+class _ResultsBase(mixins.ListModelMixin, _Base):
+    permission_classes = [AdminPermissionsOrReadOnly]
+    write_permissions: dict[str, tuple[tuple[str, ...], str]] = {}
+    filter_backends: list[Any] = []
+
+
+@extend_schema(tags=["results"], parameters=[SINCE])
+class ResultTestViewSet(_ResultsBase):
+    """Tests that have results: how many runs each, and the latest start."""
+
+    serializer_class = ResultTestSerializer
+
+    def get_queryset(self) -> Any:
+        return queries.tests(_since(self.request))
+
+
+@extend_schema(tags=["results"], parameters=[TEST, SINCE])
+class ResultRunViewSet(_ResultsBase):
+    """A test's runs (one per result file), newest first."""
+
+    serializer_class = RunSerializer
+
+    def get_queryset(self) -> Any:
+        return queries.runs(_required(self.request, "test"), _since(self.request))
+
+
+@extend_schema(
+    tags=["results"],
+    parameters=[
+        TEST,
+        OpenApiParameter("entry", str, required=True, description="The entry's (benchmark's) name."),
+        OpenApiParameter("label", str, description="Only runs on hosts with this board label ('' for uploads)."),
+        SINCE,
+    ],
+)
+class TimingViewSet(_ResultsBase):
+    """One entry's timings, newest first: seconds per iteration, with the host and job of each run."""
+
+    serializer_class = TimingSerializer
+
+    def get_queryset(self) -> Any:
+        return queries.timings(
+            _required(self.request, "test"),
+            _required(self.request, "entry"),
+            label=self.request.query_params.get("label"),
+            since=_since(self.request),
+        )
+
+
+@extend_schema(tags=["results"])
+class RegressionViewSet(mixins.RetrieveModelMixin, _ResultsBase):
+    """Timings that stepped up and stayed there, per (test, entry, board label); people triage them."""
+
+    serializer_class = RegressionSerializer
+    write_permissions = {"partial_update": (("master.change_regression",), "change the status of regressions")}
+    http_method_names = ["get", "patch", "head", "options"]
+
+    def get_queryset(self) -> Any:
+        params = self.request.query_params
+        state = params.get("status")
+        return queries.regressions(params.get("test"), parse_status(state) if state else None)
+
+    def get_object(self) -> Regression:
+        raw = self.kwargs["pk"]
+        found = None
+        if raw.isascii() and raw.isdigit() and len(raw) < 19:
+            found = Regression.objects.filter(id=int(raw)).first()
+        if found is None:
+            raise NotFound(f"unknown regression {raw}", field="id")
+        return self._object(found)
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("test", str, description="Only this test's regressions."),
+            OpenApiParameter("status", str, enum=RegressionStatus.values, description="Only regressions in it."),
+        ]
+    )
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().list(request, *args, **kwargs)
+
+    @extend_schema(request=RegressionStatusSerializer, responses={200: RegressionSerializer})
+    def partial_update(self, request: Request, pk: str) -> Response:
+        """Sets the regression's status: acknowledged, invalid, fixed, or new again."""
+        reg = self.get_object()
+        serializer = RegressionStatusSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        reg = set_regression_status(reg.id, serializer.validated_data["status"], acting_user=request.user)
+        return Response(RegressionSerializer(reg).data)
+
+
+# The upload
+
+
+class MayUploadResults(BasePermission):
+    """A shard (for its own HQEs, checked by the view), or a person with master.add_testrun or staff."""
+
+    message = "only staff or people with the master.add_testrun permission may upload results"
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        user = request.user
+        if isinstance(user, ShardPrincipal):
+            return True
+        return bool(user and user.is_authenticated and user.is_active) and (
+            user.is_staff or user.has_perm("master.add_testrun")
+        )
+
+
+def _error(status_code: int, message: str, field: str | None) -> Response:
+    return Response({"error": message, "detail": {"field": field}}, status=status_code)
+
+
+def _read_body(request: HttpRequest) -> bytes | None:
+    """The raw body, or None when it is over MAX_FILE_BYTES; read here, past Django's 10 MiB bound
+    on request.body, since a result file may be up to 16 MiB."""
+    declared = request.META.get("CONTENT_LENGTH") or "0"
+    if declared.isdigit() and int(declared) > MAX_FILE_BYTES:
+        return None
+    data = request.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        return None
+    request._body = data  # as request.body would keep it, for whatever reads it after the view
+    return data
+
+
+ERROR = ErrorSerializer
+
+
+class ResultUploadView(APIView):
+    """POST /api/v1/results/upload?name=FILE[&hqe=ID]: the raw bytes of one result file."""
+
+    schema = FleetshardAutoSchema()
+    authentication_classes = [ResultsUploadAuthentication]
+    permission_classes = [MayUploadResults]
+    parser_classes: list[Any] = []
+
+    @extend_schema(
+        operation_id="results_upload",
+        tags=["results"],
+        request={"application/json": OpenApiTypes.OBJECT, "application/octet-stream": OpenApiTypes.BINARY},
+        parameters=[
+            OpenApiParameter("name", str, required=True, description="The file's base name, for messages."),
+            OpenApiParameter(
+                "hqe", int, description="With a shard's token only: the HQE (of a job on that shard) it came from."
+            ),
+        ],
+        responses={
+            200: OpenApiResponse(UploadSerializer, description="The same file was stored before; nothing new."),
+            201: OpenApiResponse(UploadSerializer, description="Stored."),
+            400: OpenApiResponse(ERROR, description="Malformed file or parameters; `error` names the file and field."),
+            401: OpenApiResponse(ERROR, description="Missing or unknown token."),
+            403: OpenApiResponse(ERROR, description="Not allowed: a person without permission, another shard's HQE."),
+            404: OpenApiResponse(ERROR, description="Unknown HQE."),
+            413: OpenApiResponse(ERROR, description="The file is larger than 16 MiB."),
+        },
+    )
+    def post(self, request: Request) -> Response:
+        """Stores one result file (TensorFlow TestResults or Google Benchmark JSON), once."""
+        name = request.query_params.get("name", "")
+        if not name or len(name) > 255 or "\x00" in name:
+            return _error(400, "the name query parameter (the file's name, 1-255 characters) is required", "name")
+        caller = request.user
+        shard = caller.shard if isinstance(caller, ShardPrincipal) else None
+        try:
+            hqe = self._hqe(request.query_params.get("hqe"), shard)
+        except _Refused as refused:
+            return refused.response
+        data = _read_body(request._request)
+        if data is None:
+            return _error(413, f"{name}: larger than {MAX_FILE_BYTES} bytes", "body")
+        try:
+            stored = store_result_file(data, name, hqe=hqe, shard=shard, acting_user=None if shard else caller)
+        except ResultFormatError as exc:
+            if hqe is not None:
+                record_rejection(hqe, name, data, exc)
+            return _error(400, str(exc), exc.field or "body")
+        run = TestRun.objects.select_related("host", "shard").get(id=stored.run.id)
+        return Response(
+            UploadSerializer({"created": stored.created, "run": run}).data,
+            status=status.HTTP_201_CREATED if stored.created else status.HTTP_200_OK,
+        )
+
+    def _hqe(self, raw: str | None, shard: Any) -> HostQueueEntry | None:
+        if raw is None:
+            return None
+        if shard is None:
+            raise _Refused(400, "hqe: only a shard's token may attach results to an HQE", "hqe")
+        if not (raw.isascii() and raw.isdigit() and 0 < int(raw) <= INT64_MAX):
+            raise _Refused(400, f"hqe: invalid HQE id {raw!r}: use a positive integer", "hqe")
+        hqe = HostQueueEntry.objects.select_related("job", "host").filter(id=int(raw)).first()
+        if hqe is None:
+            raise _Refused(404, f"hqe: unknown HQE {raw}", "hqe")
+        if hqe.job.shard_id != shard.id:
+            raise _Refused(403, f"hqe: HQE {raw} is not of a job on shard {shard.hostname}", "hqe")
+        return hqe
+
+
+class _Refused(Exception):
+    def __init__(self, status_code: int, message: str, field: str) -> None:
+        super().__init__(message)
+        self.response = _error(status_code, message, field)

@@ -1,0 +1,120 @@
+"""Storing one result file: parse, refuse duplicates, store the run and its entries, then look for
+regressions in the series the run touched. The upload endpoint and the tests call it."""
+
+import hashlib
+from dataclasses import dataclass
+
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.db import IntegrityError, transaction
+
+from common.models import HostQueueEntry, Shard
+from master.audit import record
+from master.results.formats import ParsedRun, ResultFormatError, parse_result_file
+from master.results.formats.records import clean_info
+from master.results.models import RejectedResult, TestEntry, TestRun
+from master.results.regressions import detect_after_upload
+
+BOARD_PREFIX = "board:"
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    run: TestRun
+    created: bool
+
+
+def digest_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def board_label(labels: list[str]) -> str:
+    """The label a series is split by: the host's first `board:*` label, else ""."""
+    return next((name for name in sorted(labels) if name.startswith(BOARD_PREFIX)), "")
+
+
+@transaction.atomic
+def store_result_file(
+    data: bytes,
+    name: str,
+    *,
+    hqe: HostQueueEntry | None = None,
+    shard: Shard | None = None,
+    acting_user: AbstractBaseUser | None,
+) -> StoredRun:
+    """Stores one result file, once: the same bytes for the same test and start return the run stored
+    before (created False), also when two identical uploads race. A file from a shard comes with its
+    HQE (checked by the caller to be the shard's) and links the run to the job and host; a person's
+    upload (`acting_user`) is audited as `result.upload`. Raises ResultFormatError for a malformed
+    file, storing nothing."""
+    parsed = parse_result_file(name, data)
+    digest = digest_of(data)
+    existing = _existing(parsed, digest)
+    if existing is not None:
+        return existing
+    labels: list[str] = []
+    host = hqe.host if hqe is not None else None
+    if host is not None:
+        labels = sorted(label.name for label in host.labels.all())
+    run = TestRun(
+        test=parsed.test,
+        start=parsed.start,
+        info=clean_info(dict(parsed.info)),
+        format=parsed.format,
+        digest=digest,
+        label=board_label(labels),
+        labels=labels,
+        job_id=hqe.job_id if hqe is not None else None,
+        hqe=hqe,
+        host=host,
+        shard=shard,
+        uploaded_by=acting_user if shard is None else None,
+        entry_count=len(parsed.entries),
+    )
+    try:
+        with transaction.atomic():  # a savepoint: the race's loser rolls back this insert only
+            run.save(force_insert=True)
+    except IntegrityError:
+        existing = _existing(parsed, digest)
+        if existing is None:
+            raise
+        return existing
+    TestEntry.objects.bulk_create(
+        [
+            TestEntry(
+                run=run,
+                test=run.test,
+                entry=e.name,
+                label=run.label,
+                start=run.start,
+                wall_time_s=e.wall_time_s,
+                cpu_time_s=e.cpu_time_s,
+                iterations=e.iterations,
+                throughput=e.throughput,
+                extras=clean_info(dict(e.extras)),
+            )
+            for e in parsed.entries
+        ],
+        batch_size=1000,
+    )
+    detect_after_upload(run.test, run.label, sorted({e.name for e in parsed.entries}))
+    if shard is None:
+        record(
+            "result.upload",
+            acting_user=acting_user,
+            details={"run": run.id, "test": run.test, "start": run.start.isoformat(), "file": name},
+        )
+    return StoredRun(run, True)
+
+
+def _existing(parsed: ParsedRun, digest: str) -> StoredRun | None:
+    run = TestRun.objects.filter(test=parsed.test, start=parsed.start, digest=digest).first()
+    return StoredRun(run, False) if run is not None else None
+
+
+@transaction.atomic
+def record_rejection(hqe: HostQueueEntry, name: str, data: bytes, error: ResultFormatError) -> RejectedResult:
+    """Keeps why a shard's file for `hqe` was refused, once per (HQE, file name, content)."""
+    rejection, _ = RejectedResult.objects.get_or_create(
+        hqe=hqe, name=name[:255], digest=digest_of(data), defaults={"reason": str(error)}
+    )
+    return rejection

@@ -1,0 +1,41 @@
+"""The reads of stored results the REST API serves (DESIGN.md, "Benchmark results": tests, runs,
+timings of one entry, regressions). Each returns a queryset the API paginates, so a page costs a
+fixed number of queries."""
+
+from datetime import datetime
+
+from django.db.models import Count, Max, QuerySet
+
+from master.results.models import Regression, RegressionStatus, TestEntry, TestRun
+
+
+def tests(since: datetime | None = None) -> QuerySet:
+    """Rows of `test`, `runs` and `latest_start`, by test name."""
+    runs = TestRun.objects.all() if since is None else TestRun.objects.filter(start__gte=since)
+    return runs.order_by().values("test").annotate(runs=Count("id"), latest_start=Max("start")).order_by("test")
+
+
+def runs(test: str, since: datetime | None = None) -> QuerySet:
+    """A test's runs, newest first, with their job, host and shard."""
+    found = TestRun.objects.filter(test=test).select_related("host", "shard")
+    return (found if since is None else found.filter(start__gte=since)).order_by("-start", "-id")
+
+
+def timings(test: str, entry: str, *, label: str | None = None, since: datetime | None = None) -> QuerySet:
+    """One entry's timings, newest first, read along the (test, entry, start) index."""
+    found = TestEntry.objects.filter(test=test, entry=entry)
+    if label is not None:
+        found = found.filter(label=label)
+    if since is not None:
+        found = found.filter(start__gte=since)
+    return found.select_related("run__host").order_by("-start", "-id")
+
+
+def regressions(test: str | None = None, status: RegressionStatus | None = None) -> QuerySet:
+    """Regressions, most recently detected first."""
+    found = Regression.objects.all()
+    if test is not None:
+        found = found.filter(test=test)
+    if status is not None:
+        found = found.filter(status=status)
+    return found.order_by("-detected_on", "-id")

@@ -1,0 +1,128 @@
+"""Regressions of the series an upload touched, and the status people give them.
+
+After each upload the detector (master.results.changepoint) reads the newest `WINDOW` points of each
+touched (test, entry, label) series, so its cost per upload is bounded however long the history.
+A step up becomes a `new` regression, once: a later upload that places the same step a point or two
+away refines it while it is still `new`. An open one (`new` or `acknowledged`) whose series steps
+back down becomes `fixed`.
+"""
+
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import datetime
+
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.db import transaction
+from django.db.models import F, Window
+from django.db.models.functions import RowNumber
+from django.utils import timezone
+
+from common.errors import FleetshardError, NotFound
+from master.audit import record
+from master.results.changepoint import Step, detect_steps, fixed_at
+from master.results.models import OPEN_STATUSES, Regression, RegressionStatus, TestEntry
+
+WINDOW = 200
+# A step found within this many points of a known regression's first slow run is that regression.
+SAME_STEP_POINTS = 3
+
+
+def detect_after_upload(test: str, label: str, entries: Sequence[str], now: datetime | None = None) -> None:
+    """Runs the detector on each series (test, entry, label) for `entries`, in two queries for all."""
+    if not entries:
+        return
+    now = now or timezone.now()
+    series: dict[str, list[tuple[datetime, float, int]]] = defaultdict(list)
+    rows = (
+        TestEntry.objects.filter(test=test, label=label, entry__in=entries, wall_time_s__isnull=False)
+        .annotate(n=Window(RowNumber(), partition_by=[F("entry")], order_by=[F("start").desc(), F("id").desc()]))
+        .filter(n__lte=WINDOW)
+        .values_list("entry", "start", "wall_time_s", "run_id")
+    )
+    for entry, start, wall, run_id in rows:
+        series[entry].append((start, wall, run_id))
+    known: dict[str, list[Regression]] = defaultdict(list)
+    for reg in Regression.objects.filter(test=test, label=label, entry__in=list(series)):
+        known[reg.entry].append(reg)
+    for entry, points in series.items():
+        points.sort()
+        _check_series(test, entry, label, points, known[entry], now)
+
+
+def _check_series(
+    test: str, entry: str, label: str, points: list[tuple[datetime, float, int]], known: list[Regression], now: datetime
+) -> None:
+    starts = [p[0] for p in points]
+    values = [p[1] for p in points]
+    steps = detect_steps(values)
+    if not steps:
+        return
+    index_of = {start: i for i, start in enumerate(starts)}
+    for step in steps:
+        if not step.is_regression:
+            continue
+        near = [r for r in known if abs(index_of.get(r.start, -(10**9)) - step.index) <= SAME_STEP_POINTS]
+        if near:
+            reg = near[0]
+            if reg.status == RegressionStatus.NEW and reg.start != starts[step.index]:
+                clash = any(r.start == starts[step.index] for r in known)
+                if not clash:
+                    reg.start, reg.run_id = starts[step.index], points[step.index][2]
+                    reg.before_s, reg.after_s, reg.change_pct = step.before, step.after, step.change_pct
+                    reg.save(update_fields=["start", "run", "before_s", "after_s", "change_pct"])
+            continue
+        known.append(
+            Regression.objects.create(
+                test=test,
+                entry=entry,
+                label=label,
+                start=starts[step.index],
+                before_s=step.before,
+                after_s=step.after,
+                change_pct=step.change_pct,
+                run_id=points[step.index][2],
+                detected_on=now,
+            )
+        )
+    for reg in known:
+        index = index_of.get(reg.start)
+        if reg.status not in OPEN_STATUSES or index is None:
+            continue
+        as_step = Step(index, reg.before_s, reg.after_s, reg.change_pct, 0.0)
+        if fixed_at(values, as_step) is not None:
+            reg.status, reg.fixed_on = RegressionStatus.FIXED, now
+            reg.save(update_fields=["status", "fixed_on"])
+
+
+def parse_status(value: str) -> RegressionStatus:
+    if value not in RegressionStatus.values:
+        raise FleetshardError(
+            f"invalid regression status {value!r}: use one of {', '.join(RegressionStatus.values)}", field="status"
+        )
+    return RegressionStatus(value)
+
+
+@transaction.atomic
+def set_regression_status(regression_id: int, status: str, *, acting_user: AbstractBaseUser | None) -> Regression:
+    """Sets a regression's status (a person's triage: acknowledged, invalid, or fixed by hand), audited."""
+    new = parse_status(status)
+    reg = Regression.objects.select_for_update().filter(id=regression_id).first()
+    if reg is None:
+        raise NotFound(f"unknown regression {regression_id}", field="id")
+    old = reg.status
+    reg.status = new
+    reg.fixed_on = (reg.fixed_on or timezone.now()) if new == RegressionStatus.FIXED else None
+    reg.save(update_fields=["status", "fixed_on"])
+    record(
+        "regression.set_status",
+        acting_user=acting_user,
+        details={
+            "regression": reg.id,
+            "test": reg.test,
+            "entry": reg.entry,
+            "label": reg.label,
+            "from": old,
+            "to": new.value,
+        },
+    )
+    return reg

@@ -1,0 +1,170 @@
+"""POST /api/v1/results/upload: the contract the uploader and the shard rely on."""
+
+import json
+import threading
+
+import pytest
+from django.db import connection
+from django.test import Client
+
+from common.models import HostQueueEntry
+from master import services
+from master.models import AuditRecord, RejectedResult, TestEntry, TestRun
+from master.results.formats import MAX_FILE_BYTES
+from tests.master.api.conftest import client_for
+from tests.master.results.test_formats import GB_SAMPLE, TF_SAMPLE
+
+URL = "/api/v1/results/upload"
+
+
+def upload(client, data, name="bench.json", **params):
+    body = data if isinstance(data, bytes) else json.dumps(data).encode()
+    query = "&".join(f"{k}={v}" for k, v in {"name": name, **params}.items())
+    return client.post(f"{URL}?{query}", data=body, content_type="application/octet-stream")
+
+
+@pytest.fixture
+def shard_hqe(fleet):
+    """An HQE of a job on lab1, with its host, as a shard uploads for."""
+    job = fleet.job()
+    hqe = HostQueueEntry.objects.get(job=job)
+    hqe.host = services.get_hosts(["a1"])[0]
+    hqe.save(update_fields=["host"])
+    return hqe
+
+
+def test_a_person_uploads_both_formats_and_the_upload_is_audited(fleet, staff):
+    tf = upload(staff, TF_SAMPLE, name="tf.json")
+    assert tf.status_code == 201, tf.content
+    run = tf.json()["run"]
+    assert tf.json()["created"] is True
+    assert {k: run[k] for k in ("test", "job", "hqe", "host", "shard", "entries")} == {
+        "test": "adjust_contrast_benchmark",
+        "job": None,
+        "hqe": None,
+        "host": None,
+        "shard": None,
+        "entries": 2,
+    }
+    assert run["start"] == "2023-11-14T22:13:20Z"
+    gb = upload(staff, GB_SAMPLE, name="gb.json")
+    assert gb.status_code == 201, gb.content
+    assert gb.json()["run"]["test"] == "string_bench"
+    stored = TestRun.objects.get(id=run["id"])
+    assert stored.uploaded_by.username == "boss"
+    assert stored.info["commitId"] == {"hash": "0123456789abcdef", "snapshot": ""}
+    assert TestEntry.objects.get(run=stored, entry="BM_AdjustContrast_gpu_1_299x299").wall_time_s == 0.00025
+    audits = AuditRecord.objects.filter(action="result.upload").order_by("id")
+    assert [(a.actor, a.details["file"]) for a in audits] == [("boss", "tf.json"), ("boss", "gb.json")]
+
+
+def test_the_same_file_twice_is_stored_once(fleet, staff):
+    first = upload(staff, TF_SAMPLE)
+    again = upload(staff, TF_SAMPLE)
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json() == {"created": False, "run": first.json()["run"]}
+    assert TestRun.objects.count() == 1 and TestEntry.objects.count() == 2
+    assert AuditRecord.objects.filter(action="result.upload").count() == 1
+
+
+def test_a_shard_attaches_results_to_its_own_hqe(fleet, shard_hqe):
+    resp = upload(client_for(fleet.token1), TF_SAMPLE, hqe=shard_hqe.id)
+    assert resp.status_code == 201, resp.content
+    run = resp.json()["run"]
+    assert (run["job"], run["hqe"], run["host"], run["shard"]) == (shard_hqe.job_id, shard_hqe.id, "a1", "lab1")
+    stored = TestRun.objects.get(id=run["id"])
+    assert (stored.label, stored.labels) == ("board:a", ["board:a", "wifi"])
+    assert TestEntry.objects.filter(run=stored, label="board:a").count() == 2
+    assert not AuditRecord.objects.filter(action="result.upload").exists()  # the system's, like heartbeats
+
+
+def test_a_shard_cannot_attach_results_to_another_shards_hqe(fleet, shard_hqe):
+    resp = upload(client_for(fleet.token2), TF_SAMPLE, hqe=shard_hqe.id)
+    assert resp.status_code == 403
+    message = f"hqe: HQE {shard_hqe.id} is not of a job on shard lab2"
+    assert resp.json() == {"error": message, "detail": {"field": "hqe"}}
+    assert upload(client_for(fleet.token2), TF_SAMPLE, hqe=10**9).status_code == 404
+    assert not TestRun.objects.exists()
+
+
+def test_a_person_cannot_pass_an_hqe(fleet, staff, shard_hqe):
+    resp = upload(staff, TF_SAMPLE, hqe=shard_hqe.id)
+    assert resp.status_code == 400
+    assert resp.json()["detail"] == {"field": "hqe"}
+    assert not TestRun.objects.exists()
+
+
+def test_people_need_the_add_permission_or_staff(fleet, user):
+    resp = upload(user, TF_SAMPLE)
+    assert resp.status_code == 403
+    assert "master.add_testrun" in resp.json()["error"]
+    assert upload(client_for(None), TF_SAMPLE).status_code == 401
+    assert upload(client_for("fs_nope"), TF_SAMPLE).status_code == 401
+    assert not TestRun.objects.exists()
+
+
+def test_a_malformed_file_is_400_naming_it_and_a_shards_rejection_is_recorded_once(fleet, shard_hqe):
+    bad = {**TF_SAMPLE, "startTime": "soon"}
+    shard = client_for(fleet.token1)
+    for _ in range(2):
+        resp = upload(shard, bad, name="broken.json", hqe=shard_hqe.id)
+        assert resp.status_code == 400
+        assert resp.json()["error"].startswith("broken.json: startTime: ")
+    (rejection,) = RejectedResult.objects.all()
+    assert (rejection.hqe_id, rejection.name, rejection.reason) == (shard_hqe.id, "broken.json", resp.json()["error"])
+    assert not TestRun.objects.exists()
+
+
+def test_a_malformed_upload_by_a_person_records_nothing(fleet, staff):
+    resp = upload(staff, b"{not json", name="x.json")
+    assert resp.status_code == 400 and resp.json()["error"].startswith("x.json: ")
+    assert not RejectedResult.objects.exists() and not AuditRecord.objects.filter(action="result.upload").exists()
+
+
+def test_a_file_over_the_bound_is_413(fleet):
+    # Django's own test client: the schema checker would read the refused body after the view.
+    token = services.create_personal_token("boss", admin=True, acting_user=None)[1]
+    resp = upload(Client(HTTP_AUTHORIZATION=f"Bearer {token}"), b" " * (MAX_FILE_BYTES + 1))
+    assert resp.status_code == 413
+    assert resp.json()["detail"] == {"field": "body"}
+
+
+def test_a_file_over_djangos_10_mib_but_within_the_bound_is_stored(fleet, staff):
+    body = json.dumps(TF_SAMPLE).encode() + b" " * (11 * 1024 * 1024)
+    assert upload(staff, body).status_code == 201
+
+
+def test_the_name_is_required(fleet, staff):
+    resp = staff.post(URL, data=json.dumps(TF_SAMPLE), content_type="application/json")
+    assert resp.status_code == 400 and resp.json()["detail"] == {"field": "name"}
+
+
+def test_job_detail_lists_each_hqes_quarantined_files_and_results(fleet, shard_hqe, staff):
+    shard = client_for(fleet.token1)
+    upload(shard, {**TF_SAMPLE, "startTime": "soon"}, name="broken.json", hqe=shard_hqe.id)
+    upload(shard, TF_SAMPLE, hqe=shard_hqe.id)
+    (hqe,) = staff.get(f"/api/v1/jobs/{shard_hqe.job_id}/").json()["hqes"]
+    assert hqe["results"] == 1
+    assert hqe["quarantined"] == [{"name": "broken.json", "reason": RejectedResult.objects.get().reason}]
+
+
+@pytest.mark.postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_two_identical_uploads_racing_store_one_run(fleet, staff):
+    barrier = threading.Barrier(2)
+    answers = []
+
+    def go():
+        try:
+            barrier.wait()
+            answers.append(upload(staff, TF_SAMPLE).status_code)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=go) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(answers) == [200, 201]
+    assert TestRun.objects.count() == 1 and TestEntry.objects.count() == 2
