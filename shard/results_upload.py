@@ -209,6 +209,9 @@ def upload_run(run_dir: Path, hqe_id: int, sender: Sender, owners: tuple[int, ..
     """Handles every result file of one ended run; True when none is left. Raises MasterUnavailable."""
     try:
         run = RunResults(run_dir, owners)
+    except FileNotFoundError:
+        # Removed since (old results go after FLEETSHARD_RESULTS_RETENTION_DAYS): nothing left to send.
+        return True
     except OSError as exc:
         log.warning("HQE %s: cannot open its run directory %s (%s): its results are not uploaded", hqe_id, run_dir, exc)
         return True
