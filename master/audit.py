@@ -24,11 +24,13 @@ _NAME_FIELDS = {
     "job": "name",
     "token": "prefix",
     "user": "username",
+    "testrun": "test",
+    "regression": "entry",
 }
 
 
 def target(obj: Model) -> AuditTarget:
-    """An unsaved target naming `obj` by kind (host, label, shard, job, token, user), id and name."""
+    """An unsaved target naming `obj` by kind (host, label, shard, job, token, user, ...), id and name."""
     kind = obj._meta.model_name or ""
     if kind not in _NAME_FIELDS:
         raise ValueError(f"no audit target kind for {type(obj).__name__}")

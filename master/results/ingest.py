@@ -101,6 +101,7 @@ def store_result_file(
         record(
             "result.upload",
             acting_user=acting_user,
+            targets=[run],
             details={"run": run.id, "test": run.test, "start": run.start.isoformat(), "file": name},
         )
     return StoredRun(run, True)

@@ -116,6 +116,7 @@ def set_regression_status(regression_id: int, status: str, *, acting_user: Abstr
     record(
         "regression.set_status",
         acting_user=acting_user,
+        targets=[reg],
         details={
             "regression": reg.id,
             "test": reg.test,

@@ -1,0 +1,147 @@
+"""`fleetshard results ...`: benchmark results stored on the master, their timings and regressions.
+
+`results upload` (the uploader) lives in cli/results_upload.py and joins this group when present.
+"""
+
+import importlib.util
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from cli.action import Run, action
+from cli.output import table, when
+
+STATUSES = ("new", "acknowledged", "invalid", "fixed")
+SPARKS = "▁▂▃▄▅▆▇█"
+
+TEST_COLUMNS = [("Test", "test"), ("Runs", "runs"), ("Latest start", when("latest_start"))]
+RUN_COLUMNS = [
+    ("Id", "id"),
+    ("Start", when("start")),
+    ("Entries", "entries"),
+    ("Job", "job"),
+    ("HQE", "hqe"),
+    ("Host", "host"),
+    ("Shard", "shard"),
+]
+TIMING_COLUMNS = [
+    ("Start", when("start")),
+    ("Wall s", lambda r: _seconds(r["wall_time_s"])),
+    ("CPU s", lambda r: _seconds(r["cpu_time_s"])),
+    ("Iterations", "iterations"),
+    ("Label", "label"),
+    ("Host", "host"),
+    ("Job", "job"),
+]
+REGRESSION_COLUMNS = [
+    ("Id", "id"),
+    ("Test", "test"),
+    ("Entry", "entry"),
+    ("Label", "label"),
+    ("First slow run", when("start")),
+    ("Before s", lambda r: _seconds(r["before_s"])),
+    ("After s", lambda r: _seconds(r["after_s"])),
+    ("Change", lambda r: f"{r['change_pct']:+.1f}%"),
+    ("Status", "status"),
+]
+
+SINCE = click.option("--since", metavar="WHEN", help="Only since an ISO time or within an age (90m, 24h, 7d).")
+
+
+def _limit(default: int) -> Any:
+    return click.option(
+        "--limit", type=click.IntRange(min=0), default=default, show_default=True, help="Newest N; 0: all."
+    )
+
+
+def _seconds(value: float | None) -> str | None:
+    return None if value is None else f"{value:.6g}"
+
+
+def sparkline(values: Sequence[float]) -> str:
+    """One character per value, from ▁ (the lowest) to █ (the highest)."""
+    if not values:
+        return ""
+    low, high = min(values), max(values)
+    span = high - low
+    return "".join(SPARKS[min(len(SPARKS) - 1, int((v - low) / span * len(SPARKS))) if span else 0] for v in values)
+
+
+def _shown(run: Run, rows: list[dict[str, Any]], what: str) -> None:
+    if len(rows) < run.api.total:
+        click.echo(f"(the newest {len(rows)} of {run.api.total} {what}; --limit 0 shows all)", err=True)
+
+
+@click.group()
+def results() -> None:
+    """Benchmark results: tests, their runs, timings of one entry, and regressions."""
+
+
+@results.command("tests")
+@SINCE
+@action
+def results_tests(run: Run, since: str | None) -> None:
+    """List tests with results: runs and the latest start."""
+    rows = run.api.list("/results/tests/", since=since)
+    run.done(rows, lambda: table(rows, TEST_COLUMNS))
+
+
+@results.command("runs")
+@click.argument("test")
+@SINCE
+@_limit(100)
+@action
+def results_runs(run: Run, test: str, since: str | None, limit: int) -> None:
+    """List a test's runs, newest first."""
+    rows = run.api.list("/results/runs/", limit=limit or None, test=test, since=since)
+    _shown(run, rows, "runs")
+    run.done(rows, lambda: table(rows, RUN_COLUMNS))
+
+
+@results.command("timings")
+@click.argument("test")
+@click.argument("entry")
+@click.option("--label", metavar="LABEL", help="Only runs on hosts with this board label.")
+@SINCE
+@_limit(100)
+@action
+def results_timings(run: Run, test: str, entry: str, label: str | None, since: str | None, limit: int) -> None:
+    """Show one entry's timings, oldest first; on a terminal, a sparkline of the wall times."""
+    rows = run.api.list("/results/timings/", limit=limit or None, test=test, entry=entry, label=label, since=since)
+    rows.reverse()  # the API gives the newest first; a series reads in time order
+    _shown(run, rows, "timings")
+
+    def text() -> str:
+        shown = table(rows, TIMING_COLUMNS)
+        walls = [r["wall_time_s"] for r in rows if r["wall_time_s"] is not None]
+        return f"{shown}\n{sparkline(walls)}" if walls and sys.stdout.isatty() else shown
+
+    run.done(rows, text)
+
+
+@results.command("regressions")
+@click.option("--test", metavar="TEST", help="Only this test's regressions.")
+@click.option("--status", type=click.Choice(STATUSES), help="Only regressions with this status.")
+@action
+def results_regressions(run: Run, test: str | None, status: str | None) -> None:
+    """List regressions, most recently detected first."""
+    rows = run.api.list("/results/regressions/", test=test, status=status)
+    run.done(rows, lambda: table(rows, REGRESSION_COLUMNS))
+
+
+@results.command("set-status")
+@click.argument("regression_id", metavar="ID", type=click.IntRange(min=1))
+@click.argument("status", metavar="STATUS", type=click.Choice(STATUSES))
+@action
+def results_set_status(run: Run, regression_id: int, status: str) -> None:
+    """Set a regression's status: new, acknowledged, invalid or fixed."""
+    row = run.api.request("PATCH", f"/results/regressions/{regression_id}/", body={"status": status})
+    run.done(row, f"regression {row['id']} ({row['test']} / {row['entry']}) is {row['status']}")
+
+
+if importlib.util.find_spec("cli.results_upload") is not None:
+    from cli.results_upload import upload
+
+    results.add_command(upload)

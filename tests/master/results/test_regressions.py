@@ -1,0 +1,82 @@
+"""Regressions are found after each upload, once, and fixed when the series steps back."""
+
+import pytest
+
+from master.models import AuditRecord, Regression, TestRun
+from master.results.ingest import store_result_file
+from master.results.regressions import set_regression_status
+from tests.master.results.factories import hour, stepped, tf_file
+
+pytestmark = pytest.mark.django_db
+
+
+def upload_series(values, test="t", entry="e", offset=0):
+    for i, value in enumerate(values):
+        store_result_file(tf_file(test, hour(offset + i), {entry: value}), f"{i}.json", acting_user=None)
+
+
+def test_a_step_up_raises_one_new_regression_at_the_first_slow_run():
+    upload_series(stepped(30, 10))
+    (reg,) = Regression.objects.all()
+    first_slow = TestRun.objects.get(start=hour(30))
+    assert (reg.test, reg.entry, reg.label, reg.start, reg.run_id) == ("t", "e", "", hour(30), first_slow.id)
+    assert reg.status == "new"
+    assert reg.before_s == pytest.approx(1.0, rel=0.02) and reg.after_s == pytest.approx(1.3, rel=0.02)
+    assert reg.change_pct == pytest.approx(30, abs=3)
+
+
+def test_a_flat_series_or_a_small_step_raises_nothing():
+    upload_series(stepped(30, 10, after=1.0))
+    upload_series(stepped(30, 10, after=1.03), entry="small")
+    assert not Regression.objects.exists()
+
+
+def test_a_step_down_is_not_a_regression():
+    upload_series(stepped(30, 10, after=0.7))
+    assert not Regression.objects.exists()
+
+
+def test_an_open_regression_is_fixed_when_the_series_steps_back():
+    upload_series(stepped(30, 10))
+    reg = Regression.objects.get()
+    set_regression_status(reg.id, "acknowledged", acting_user=None)
+    upload_series(stepped(30, 10, n_back=10)[40:], offset=40)
+    reg.refresh_from_db()
+    assert reg.status == "fixed" and reg.fixed_on is not None
+    assert Regression.objects.count() == 1
+
+
+def test_an_invalid_regression_stays_invalid_and_is_not_raised_again():
+    upload_series(stepped(30, 10))
+    reg = Regression.objects.get()
+    set_regression_status(reg.id, "invalid", acting_user=None)
+    upload_series(stepped(30, 20)[40:], offset=40)
+    assert list(Regression.objects.values_list("status", flat=True)) == ["invalid"]
+
+
+def test_series_are_split_by_entry_and_test():
+    upload_series(stepped(30, 10), entry="slow")
+    upload_series(stepped(30, 10, after=1.0), entry="flat")
+    upload_series(stepped(30, 10, after=1.0), test="other", entry="slow")
+    assert list(Regression.objects.values_list("test", "entry")) == [("t", "slow")]
+
+
+def test_status_changes_are_audited(django_user_model):
+    upload_series(stepped(30, 10))
+    reg = Regression.objects.get()
+    boss = django_user_model.objects.create(username="boss", is_staff=True)
+    set_regression_status(reg.id, "acknowledged", acting_user=boss)
+    entry = AuditRecord.objects.get(action="regression.set_status")
+    assert (entry.actor, entry.details["from"], entry.details["to"]) == ("boss", "new", "acknowledged")
+    assert [(t.kind, t.object_id) for t in entry.targets.all()] == [("regression", reg.id)]
+
+
+def test_a_bad_status_or_id_is_refused_naming_it():
+    upload_series(stepped(30, 10))
+    reg = Regression.objects.get()
+    with pytest.raises(Exception, match="invalid regression status 'gone'"):
+        set_regression_status(reg.id, "gone", acting_user=None)
+    with pytest.raises(Exception, match="unknown regression 999999"):
+        set_regression_status(999999, "fixed", acting_user=None)
+    reg.refresh_from_db()
+    assert reg.status == "new" and not AuditRecord.objects.filter(action="regression.set_status").exists()
