@@ -9,7 +9,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-import requests
 
 from tests.shard.fleet import master_hqes, new_shard, sql, submit, writable_by_jobs
 from tests.support import ROOT, wait_until
@@ -69,15 +68,7 @@ def test_a_jobs_results_reach_the_master_and_a_malformed_file_is_quarantined(mas
         wait_until(lambda: master_hqes(master_server, [job])[0][1] == "Completed", timeout=90, what="the job Completed")
 
         def timings() -> list:
-            resp = requests.get(
-                f"{master_server.url}/api/v1/results/timings/",
-                params={"test": test, "entry": "BM_Copy"},
-                headers={"Authorization": f"Bearer {token}"},
-                timeout=10,
-            )
-            assert resp.status_code == 200, resp.text
-            body = resp.json()
-            rows = body["results"] if isinstance(body, dict) else body
+            rows = cli(master_server, token, "results", "timings", test, "BM_Copy")
             return rows if len(rows) == 2 else []
 
         rows = wait_until(timings, timeout=60, what="both files' timings on the master")
