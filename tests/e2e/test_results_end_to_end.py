@@ -37,14 +37,18 @@ def result_files(test: str) -> dict[str, bytes]:
     }
 
 
-def cli(master, token: str, *args: str) -> dict | list:
+def cli_text(master, token: str, *args: str) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETSHARD_")}
     env |= {"FLEETSHARD_SERVER": master.url, "FLEETSHARD_TOKEN": token}
     proc = subprocess.run(
-        [sys.executable, "-m", "cli.main", *args, "--json"], cwd=ROOT, env=env, capture_output=True, text=True
+        [sys.executable, "-m", "cli.main", *args], cwd=ROOT, env=env, capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    return proc.stdout
+
+
+def cli(master, token: str, *args: str) -> dict | list:
+    return json.loads(cli_text(master, token, *args, "--json"))
 
 
 def test_a_jobs_results_reach_the_master_and_a_malformed_file_is_quarantined(master_server, tmp_path):
@@ -73,6 +77,7 @@ def test_a_jobs_results_reach_the_master_and_a_malformed_file_is_quarantined(mas
 
         rows = wait_until(timings, timeout=60, what="both files' timings on the master")
         stat = cli(master_server, token, "job", "stat", str(job))
+        shown = cli_text(master_server, token, "job", "stat", str(job))
     finally:
         assert shard.process.stop() == 0
     assert stat["status"] == "Completed"
@@ -84,6 +89,7 @@ def test_a_jobs_results_reach_the_master_and_a_malformed_file_is_quarantined(mas
     assert hqe["host"] == hostname
     ((name, reason),) = [(q["name"], q["reason"]) for q in hqe["quarantined"]]
     assert name == "broken.json" and "broken.json" in reason
+    assert f"Quarantined result files:\n  entry {hqe['id']}: broken.json: {reason}" in shown
     (run,) = sql(shard.url, f"SELECT results_dir FROM common_hostqueueentry WHERE job_id = {job}")
     run_dir = Path(run[0])
     assert sorted(p.name for p in (run_dir / "archive").iterdir()) == ["gbench.json", "tf_results.json"]
