@@ -150,11 +150,13 @@ def job_stat(run: Run, job_id: int) -> None:
     ]
     run.done(
         obj,
-        lambda: fields(obj, keys)
-        + "\n\n"
-        + table(obj["hqes"], HQE_COLUMNS)
-        + quarantined(obj["hqes"])
-        + log_tails(obj["hqes"]),
+        lambda: (
+            fields(obj, keys)
+            + "\n\n"
+            + table(obj["hqes"], HQE_COLUMNS)
+            + quarantined(obj["hqes"])
+            + log_tails(obj["hqes"])
+        ),
     )
 
 

@@ -103,11 +103,15 @@ def pending_names(results_fd: int) -> list[str]:
 
 
 def read_result(results_fd: int, name: str, owners: tuple[int, ...]) -> bytes | str:
-    """The file's bytes, or why it is not sent (it is no regular file of the job, or too large)."""
+    """The file's bytes, or why it is not sent (it is no regular file of the job, or too large).
+
+    Raises FileNotFoundError when it is gone (another shard process sharing the database moved it)."""
     try:
         fd = open_regular(name, os.O_RDONLY, owners, dir_fd=results_fd)
     except UnsafeFile as exc:
         return f"not sent: {exc}"
+    except FileNotFoundError:
+        raise
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             return "not sent: a symbolic link"
@@ -171,6 +175,17 @@ class RunResults:
     def names(self) -> list[str]:
         return pending_names(self.results_fd) if self.results_fd >= 0 else []
 
+    def archived(self) -> int:
+        """How many files of this run the master already has: the per-run cap holds across restarts."""
+        try:
+            fd = os.open(ARCHIVE, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.run_fd)
+        except OSError:
+            return 0
+        try:
+            return len(os.listdir(fd)) if os.fstat(fd).st_uid == os.geteuid() else 0
+        finally:
+            os.close(fd)
+
     def read(self, name: str) -> bytes | str:
         return read_result(self.results_fd, name, self.owners)
 
@@ -217,16 +232,20 @@ def upload_run(run_dir: Path, hqe_id: int, sender: Sender, owners: tuple[int, ..
         return True
     try:
         names = run.names()
+        room = MAX_FILES_PER_RUN - run.archived() if names else 0
         refused: Verdict | None = None
         for index, name in enumerate(names):
             if stop.is_set():
                 return False
-            if index >= MAX_FILES_PER_RUN:
+            if index >= room:
                 verdict = Verdict(True, f"not sent: more than {MAX_FILES_PER_RUN} result files in one run")
             elif refused is not None:
                 verdict = refused
             else:
-                data = run.read(name)
+                try:
+                    data = run.read(name)
+                except FileNotFoundError:
+                    continue
                 verdict = Verdict(True, data) if isinstance(data, str) else sender.send(hqe_id, name, data)
                 if verdict.whole_run:
                     refused = verdict

@@ -40,9 +40,7 @@ def result_files(test: str) -> dict[str, bytes]:
 def cli_text(master, token: str, *args: str) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETSHARD_")}
     env |= {"FLEETSHARD_SERVER": master.url, "FLEETSHARD_TOKEN": token}
-    proc = subprocess.run(
-        [sys.executable, "-m", "cli.main", *args], cwd=ROOT, env=env, capture_output=True, text=True
-    )
+    proc = subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 

@@ -151,6 +151,17 @@ def test_more_files_than_the_cap_are_quarantined_unsent(tmp_path):
     )
 
 
+def test_the_cap_counts_the_files_sent_before_a_restart(tmp_path):
+    run = make_run(tmp_path, {f"r{i:05d}.json": b"{}" for i in range(MAX_FILES_PER_RUN + 1)})
+    answers = Answers(**{"r00010.json": MasterUnavailable("down")})
+    with pytest.raises(MasterUnavailable):
+        upload(run, answers)
+    answers.by_name.clear()
+    assert upload(run, answers)
+    assert len(answers.sent) == MAX_FILES_PER_RUN
+    assert listing(run / QUARANTINE) == [f"r{MAX_FILES_PER_RUN:05d}.json", f"r{MAX_FILES_PER_RUN:05d}.json.error"]
+
+
 def test_a_file_larger_than_the_masters_limit_is_quarantined_unsent(tmp_path):
     run = make_run(tmp_path, {"huge.json": b" " * (MAX_FILE_BYTES + 1)})
     answers = Answers()
