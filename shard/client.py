@@ -43,6 +43,18 @@ def backoff(interval: float, failures: int) -> float:
     return min(MAX_BACKOFF_S, max(interval, 1.0) * 2 ** min(failures, 16))
 
 
+def master_session(token: str) -> requests.Session:
+    """A session speaking to the master as this shard; one per thread (a session is not thread-safe)."""
+    session = requests.Session()
+    session.headers["Authorization"] = f"Bearer {token}"
+    # Only failed connects are retried here: the request never reached the master. Anything
+    # else is retried by the caller's loop, which is safe because every shard request is idempotent.
+    retry = Retry(total=2, connect=2, read=0, status=0, other=0, backoff_factor=0.2, allowed_methods=None)
+    session.mount("http://", HTTPAdapter(max_retries=retry))
+    session.mount("https://", HTTPAdapter(max_retries=retry))
+    return session
+
+
 class HeartbeatClient:
     def __init__(self, master_url: str, shard_hostname: str, token: str, timeout_s: float | None = None) -> None:
         if not master_url or not shard_hostname or not token:
@@ -55,13 +67,9 @@ class HeartbeatClient:
         # Set once the master has accepted this shard database's instance: until then the shard
         # touches no run, process or host (docs/protocol.md, "Shard instances").
         self.accepted = threading.Event()
-        self.session = requests.Session()
-        self.session.headers["Authorization"] = f"Bearer {token}"
-        # Only failed connects are retried here: the request never reached the master. Anything
-        # else is retried by the loop, which is safe because the heartbeat is idempotent.
-        retry = Retry(total=2, connect=2, read=0, status=0, other=0, backoff_factor=0.2, allowed_methods=None)
-        self.session.mount("http://", HTTPAdapter(max_retries=retry))
-        self.session.mount("https://", HTTPAdapter(max_retries=retry))
+        self.master_url = master_url.rstrip("/")
+        self.token = token
+        self.session = master_session(token)
 
     def build_request(self) -> dict[str, Any]:
         if self.instance is None:
@@ -82,11 +90,11 @@ class HeartbeatClient:
         except requests.RequestException as exc:
             raise HeartbeatFailed(f"cannot reach the master at {self.url}: {exc}") from exc
         if resp.status_code == 409:
-            if _field_of(resp) == "instance":
-                raise InstanceRefused(f"the master refused this shard database: {_error_of(resp)}")
-            raise ProtocolRefused(f"the master refused protocol {PROTOCOL_VERSION}: {_error_of(resp)}")
+            if field_of(resp) == "instance":
+                raise InstanceRefused(f"the master refused this shard database: {error_of(resp)}")
+            raise ProtocolRefused(f"the master refused protocol {PROTOCOL_VERSION}: {error_of(resp)}")
         if resp.status_code != 200:
-            raise HeartbeatFailed(f"the master answered {resp.status_code}: {_error_of(resp)}")
+            raise HeartbeatFailed(f"the master answered {resp.status_code}: {error_of(resp)}")
         try:
             response = HeartbeatResponse.parse(resp.json())
         except ValueError as exc:
@@ -128,7 +136,7 @@ class HeartbeatClient:
             stop.wait(delay)
 
 
-def _field_of(resp: requests.Response) -> object:
+def field_of(resp: requests.Response) -> object:
     try:
         detail = resp.json().get("detail")
     except (ValueError, AttributeError):
@@ -136,7 +144,7 @@ def _field_of(resp: requests.Response) -> object:
     return detail.get("field") if isinstance(detail, dict) else None
 
 
-def _error_of(resp: requests.Response) -> str:
+def error_of(resp: requests.Response) -> str:
     try:
         return str(resp.json().get("error") or resp.text)[:500]
     except (ValueError, AttributeError):

@@ -18,6 +18,7 @@ import subprocess
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,17 +98,34 @@ class Executor(ABC):  # noqa: B024 (kill_orphan is optional: not every kind leav
         return type(self).__name__
 
 
+class UnsafeFile(OSError):
+    """A file a job could have planted: a link, a device or pipe, a hard link, someone else's file."""
+
+
+def open_regular(path: Path | str, flags: int, owners: Collection[int], dir_fd: int | None = None) -> int:
+    """Opens a regular file of one of `owners` without following a link: a job owns the directories it
+    writes in and may put anything under a name the shard opens. Raises OSError (UnsafeFile: refused)."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
+    info = os.fstat(fd)
+    problem = ""
+    if not stat.S_ISREG(info.st_mode):
+        problem = "not a regular file"
+    elif info.st_nlink != 1:
+        problem = f"a hard link ({info.st_nlink} names)"
+    elif info.st_uid not in owners:
+        problem = f"owned by uid {info.st_uid}"
+    if problem:
+        os.close(fd)
+        raise UnsafeFile(problem)
+    return fd
+
+
 def _open_own_log(path: Path, flags: int) -> int | None:
     """Opens a log the shard wrote, refusing what a job may have put in its place (a link, its own file)."""
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        return open_regular(path, flags, (os.geteuid(),))
     except OSError:
         return None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or info.st_uid != os.geteuid():
-        os.close(fd)
-        return None
-    return fd
 
 
 def _tail_of(fd: int, limit: int) -> str:

@@ -17,6 +17,7 @@ from django.db import DatabaseError, close_old_connections, connection
 
 from shard.client import HeartbeatClient, HeartbeatFailed, ProtocolRefused
 from shard.models import OutboxEntry
+from shard.results_upload import ResultsUploader
 from shard.scheduler import Scheduler
 
 log = logging.getLogger("shard.run_shard")
@@ -44,6 +45,11 @@ class ShardProcess:
         self.fatal: str | None = None
         self.scheduler_started = False
         self._heartbeat: threading.Thread | None = None
+        # Ended runs' result files go to the master in a thread of their own: a slow master must
+        # delay neither heartbeats nor the scheduler. It stops with the heartbeat; what it has not
+        # sent stays on disk for the next start.
+        self.uploader = ResultsUploader(client, scheduler.config)
+        self._uploads: threading.Thread | None = None
 
     # Stopping: safe from a signal handler or another thread.
 
@@ -84,6 +90,10 @@ class ShardProcess:
     def start(self) -> None:
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         self._heartbeat.start()
+        self._uploads = threading.Thread(
+            target=self.uploader.run, args=(self.heartbeat_stop,), name="results", daemon=True
+        )
+        self._uploads.start()
 
     def stop(self) -> None:
         """Ends what is left (host commands, every process of this runner), then the heartbeat, then flushes."""
@@ -91,6 +101,8 @@ class ShardProcess:
         # Nothing of ours may outlive us, and our empty cgroups go too.
         self.scheduler.executor.kill_runner(self.scheduler.runner_id)
         self.heartbeat_stop.set()
+        if self._uploads is not None:
+            self._uploads.join(timeout=2 if self.at_once.is_set() else self.client.timeout[1] + 10)
         if self._heartbeat is None:
             return
         self._heartbeat.join(timeout=2 if self.at_once.is_set() else self.client.timeout[1] + 10)

@@ -1,7 +1,9 @@
 """Where a run lives and what it sees: its results directory, its log, its environment.
 
 A job's directory is `RESULTS_ROOT/JOB/HQE-HOST` and a host command's `RESULTS_ROOT/hosts/HOST/KIND-TIME`;
-each holds the command's log (`job.log`, `cleanup.log`, `repair.log`). A job's environment is an
+each holds the command's log (`job.log`, `cleanup.log`, `repair.log`). A job's result files are its
+`results/*.json`; once the run ended the shard moves each to `archive/` or `quarantine/` beside it
+(shard/results_upload.py). A job's environment is an
 allowlist from the shard's plus the FLEETSHARD_* variables below, never the shard's own secrets.
 """
 
@@ -17,6 +19,10 @@ from shard.isolation import inherited_env
 
 # The log a run's command writes in its results directory; a host command's is `KIND.log`.
 RUN_LOG = "job.log"
+# A run's result files (written by the job) and where the shard moves each once it is handled.
+RESULTS = "results"
+ARCHIVE = "archive"
+QUARANTINE = "quarantine"
 HOSTS_DIR = "hosts"
 
 

@@ -1,0 +1,346 @@
+"""What an ended run measured goes to the master: each `results/*.json` of the run's directory is
+uploaded (POST /api/v1/results/upload with `hqe`), then moved beside it, to `archive/` once the master
+has it or to `quarantine/` (with `NAME.error` saying why) when the master never will.
+
+The files on disk are the queue. A file still in `results/` is not handled yet; the master stores the
+same file once (an upload repeated after a crash between upload and move answers `created: false`),
+so a restart re-sends what it finds and nothing is lost or stored twice. A run is uploaded only once
+its HQE is terminal: its processes are gone and nothing writes there any more.
+
+The files are the job's (it ran as the job user), so none is trusted: a link, a pipe, a hard link or
+another user's file is never opened but quarantined, a file is read only up to the master's limit,
+and a run sends at most MAX_FILES_PER_RUN files. `archive/` and `quarantine/` are made by the shard
+after the run ended; a job that made one of these names itself had it renamed aside first
+(`archive.job`), so the shard never writes through a directory or link a job chose.
+"""
+
+import contextlib
+import errno
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import requests
+from django.conf import settings
+from django.db import DatabaseError, close_old_connections, connection
+from django.db.models import Q
+from django.utils import timezone
+
+from common.constants import HQEStatus
+from common.models import HostQueueEntry
+from master.results.formats.records import MAX_FILE_BYTES
+from shard.client import HeartbeatClient, backoff, error_of, field_of, jittered, master_session
+from shard.config import SchedulerConfig
+from shard.executor import UnsafeFile, open_regular
+from shard.workspace import ARCHIVE, QUARANTINE, RESULTS
+
+log = logging.getLogger(__name__)
+
+ERROR_SUFFIX = ".error"
+RESULT_SUFFIX = ".json"
+MAX_FILES_PER_RUN = 1000
+# Runs ended this long before the last look are looked at again: the clocks of two schedulers sharing
+# the database, and a transaction that commits late, must not hide a run.
+RESCAN_SLACK = timedelta(minutes=1)
+
+
+class MasterUnavailable(Exception):
+    """This file cannot be handled now (master unreachable, 5xx, token refused): it stays for later."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Where a file goes: `archive` (the master has it) or `quarantine` with the reason."""
+
+    quarantine: bool = False
+    reason: str = ""
+    # The master refused the run itself (unknown HQE, another shard's): its other files go the same way.
+    whole_run: bool = False
+
+
+ARCHIVED = Verdict()
+
+
+class Sender:
+    """Uploads one file to the master as this shard; the answer decides the file's place."""
+
+    def __init__(self, master_url: str, token: str, timeout_s: float | None = None) -> None:
+        self.url = master_url.rstrip("/") + "/api/v1/results/upload"
+        self.session = master_session(token)
+        self.timeout = (5.0, timeout_s or settings.FLEETSHARD_REQUEST_TIMEOUT_S)
+
+    def send(self, hqe_id: int, name: str, data: bytes) -> Verdict:
+        # The name as the job wrote it, byte for byte: `requests` URL-encodes bytes, whatever they are.
+        params: dict[str, str | bytes] = {"name": os.fsencode(name), "hqe": str(hqe_id)}
+        try:
+            resp = self.session.post(
+                self.url,
+                params=params,
+                data=data,
+                headers={"Content-Type": "application/octet-stream"},
+                timeout=self.timeout,
+            )
+        except requests.RequestException as exc:
+            raise MasterUnavailable(f"cannot reach the master at {self.url}: {exc}") from exc
+        code = resp.status_code
+        if code in (200, 201):
+            return ARCHIVED
+        if code in (400, 413):
+            return Verdict(quarantine=True, reason=f"the master refused it ({code}): {error_of(resp)}")
+        # Refusals of the run itself name `hqe`; a 404 without it is a master without this endpoint.
+        if code in (403, 404) and field_of(resp) == "hqe":
+            reason = f"the master refused HQE {hqe_id} ({code}): {error_of(resp)}"
+            return Verdict(quarantine=True, reason=reason, whole_run=True)
+        raise MasterUnavailable(f"the master answered {code}: {error_of(resp)}")
+
+
+def pending_names(results_fd: int) -> list[str]:
+    """The result files waiting in an open `results/`, in name order."""
+    return sorted(n for n in os.listdir(results_fd) if n.endswith(RESULT_SUFFIX))
+
+
+def read_result(results_fd: int, name: str, owners: tuple[int, ...]) -> bytes | str:
+    """The file's bytes, or why it is not sent (it is no regular file of the job, or too large).
+
+    Raises FileNotFoundError when it is gone (another shard process sharing the database moved it)."""
+    try:
+        fd = open_regular(name, os.O_RDONLY, owners, dir_fd=results_fd)
+    except UnsafeFile as exc:
+        return f"not sent: {exc}"
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "not sent: a symbolic link"
+        return f"not sent: cannot open it ({exc.strerror})"
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        return f"not sent: larger than {MAX_FILE_BYTES} bytes"
+    return data
+
+
+def own_dir(run_fd: int, name: str) -> int:
+    """An open `RUN/NAME` directory of the shard's own; what a job left under that name is renamed aside."""
+    for attempt in range(2):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o700, dir_fd=run_fd)
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=run_fd)
+        except OSError:
+            fd = -1
+        if fd >= 0 and os.fstat(fd).st_uid == os.geteuid():
+            return fd
+        if fd >= 0:
+            os.close(fd)
+        if attempt == 0:
+            _rename_aside(run_fd, name)
+    raise OSError(f"cannot make {name}/ of the shard's own")
+
+
+def _rename_aside(run_fd: int, name: str) -> None:
+    for n in range(1, 1000):
+        aside = f"{name}.job" if n == 1 else f"{name}.job-{n}"
+        try:
+            os.stat(aside, dir_fd=run_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            log.warning("a job left %s in its run directory: renamed to %s", name, aside)
+            os.rename(name, aside, src_dir_fd=run_fd, dst_dir_fd=run_fd)
+            return
+    raise OSError(f"cannot rename the job's {name} aside")
+
+
+class RunResults:
+    """One ended run's directory, opened without following links; its places made on first use."""
+
+    def __init__(self, run_dir: Path, owners: tuple[int, ...]) -> None:
+        self.owners = owners
+        self.run_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        self.results_fd = -1
+        self._places: dict[str, int] = {}
+        # No results/, or a job's link in its place: nothing to send.
+        with contextlib.suppress(OSError):
+            self.results_fd = os.open(
+                RESULTS, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.run_fd
+            )
+
+    def close(self) -> None:
+        for fd in (self.run_fd, self.results_fd, *self._places.values()):
+            if fd >= 0:
+                os.close(fd)
+
+    def names(self) -> list[str]:
+        return pending_names(self.results_fd) if self.results_fd >= 0 else []
+
+    def archived(self) -> int:
+        """How many files of this run the master already has: the per-run cap holds across restarts."""
+        try:
+            fd = os.open(ARCHIVE, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.run_fd)
+        except OSError:
+            return 0
+        try:
+            return len(os.listdir(fd)) if os.fstat(fd).st_uid == os.geteuid() else 0
+        finally:
+            os.close(fd)
+
+    def read(self, name: str) -> bytes | str:
+        return read_result(self.results_fd, name, self.owners)
+
+    def _place(self, name: str) -> int:
+        if name not in self._places:
+            self._places[name] = own_dir(self.run_fd, name)
+        return self._places[name]
+
+    def archive(self, name: str) -> None:
+        self._move(name, self._place(ARCHIVE))
+
+    def quarantine(self, name: str, reason: str) -> None:
+        place = self._place(QUARANTINE)
+        # The reason first: a crash before the move leaves the file to be handled again, never a file without it.
+        try:
+            fd = os.open(
+                name + ERROR_SUFFIX,
+                os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+                dir_fd=place,
+            )
+        except OSError as exc:
+            log.warning("%s: cannot write why it is quarantined (%s): %s", name, exc.strerror, reason)
+        else:
+            with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as f:
+                f.write(reason + "\n")
+        self._move(name, place)
+
+    def _move(self, name: str, place: int) -> None:
+        # Another shard process sharing this database may have moved it first: then it is done.
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(name, name, src_dir_fd=self.results_fd, dst_dir_fd=place)
+
+
+def upload_run(run_dir: Path, hqe_id: int, sender: Sender, owners: tuple[int, ...], stop: threading.Event) -> bool:
+    """Handles every result file of one ended run; True when none is left. Raises MasterUnavailable."""
+    try:
+        run = RunResults(run_dir, owners)
+    except FileNotFoundError:
+        # Removed since (old results go after FLEETSHARD_RESULTS_RETENTION_DAYS): nothing left to send.
+        return True
+    except OSError as exc:
+        log.warning("HQE %s: cannot open its run directory %s (%s): its results are not uploaded", hqe_id, run_dir, exc)
+        return True
+    try:
+        names = run.names()
+        room = MAX_FILES_PER_RUN - run.archived() if names else 0
+        refused: Verdict | None = None
+        for index, name in enumerate(names):
+            if stop.is_set():
+                return False
+            if index >= room:
+                verdict = Verdict(True, f"not sent: more than {MAX_FILES_PER_RUN} result files in one run")
+            elif refused is not None:
+                verdict = refused
+            else:
+                try:
+                    data = run.read(name)
+                except FileNotFoundError:
+                    continue
+                verdict = Verdict(True, data) if isinstance(data, str) else sender.send(hqe_id, name, data)
+                if verdict.whole_run:
+                    refused = verdict
+            if verdict.quarantine:
+                log.warning("HQE %s: %s quarantined: %s", hqe_id, name, verdict.reason)
+                run.quarantine(name, verdict.reason)
+            else:
+                run.archive(name)
+        if names:
+            log.info("HQE %s: %d result files handled", hqe_id, len(names))
+        return True
+    finally:
+        run.close()
+
+
+def job_owners(config: SchedulerConfig) -> tuple[int, ...]:
+    """Whose files a run's results may be: the job user's, or the shard's own (root's, or the shard user's)."""
+    own = os.geteuid()
+    return (own,) if config.job_user is None else (own, config.job_user.uid)
+
+
+class ResultsUploader:
+    """The shard's upload thread: finds ended runs in the shard's database, sends what their `results/` holds.
+
+    Its own thread, so a slow or absent master delays only uploads, never a heartbeat or the scheduler.
+    """
+
+    def __init__(self, client: HeartbeatClient, config: SchedulerConfig) -> None:
+        self.client = client
+        self.config = config
+        self.sender = Sender(client.master_url, client.token, client.timeout[1])
+        self.owners = job_owners(config)
+        self.root = config.results_root.resolve()
+        # Runs with files left, by HQE id; and the last look at the database (None: never, look at all).
+        self.pending: dict[int, Path] = {}
+        self.since: datetime | None = None
+        self._seen: set[int] = set()
+
+    def find_ended(self) -> None:
+        """Adds runs ended since the last look; the first look (a start) takes every run still on disk."""
+        now = timezone.now()
+        ended = HostQueueEntry.objects.filter(status__in=HQEStatus.TERMINAL).exclude(results_dir="")
+        if self.since is None:
+            cutoff = now - timedelta(days=self.config.retention_days)
+            ended = ended.filter(Q(finished_on__gte=cutoff) | Q(finished_on__isnull=True))
+        else:
+            ended = ended.filter(finished_on__gte=self.since)
+        rows = list(ended.values_list("id", "results_dir"))
+        self.since = now - RESCAN_SLACK
+        for hqe_id, results_dir in rows:
+            if hqe_id in self._seen:
+                continue
+            path = Path(results_dir)
+            if path.is_relative_to(self.root):
+                self.pending[hqe_id] = path
+            else:
+                log.warning("HQE %s: results dir %s is outside %s: not uploaded", hqe_id, path, self.root)
+        self._seen = {hqe_id for hqe_id, _ in rows}
+
+    def upload_pending(self, stop: threading.Event) -> None:
+        """Runs oldest first; raises MasterUnavailable at the first file the master cannot take now."""
+        for hqe_id in sorted(self.pending):
+            if stop.is_set():
+                return
+            try:
+                done = upload_run(self.pending[hqe_id], hqe_id, self.sender, self.owners, stop)
+            except OSError as exc:
+                # Its directory cannot be changed (a full disk, say): the others go on; the next start retries it.
+                log.warning("HQE %s: cannot move its result files (%s): left for the next start", hqe_id, exc)
+                done = True
+            if done:
+                del self.pending[hqe_id]
+
+    def run(self, stop: threading.Event) -> None:
+        """Until `stop`: waits for the master to accept this shard instance, then uploads as runs end."""
+        try:
+            while not stop.is_set() and not self.client.accepted.is_set():
+                stop.wait(0.2)
+            failures = 0
+            while not stop.is_set():
+                close_old_connections()
+                try:
+                    self.find_ended()
+                    self.upload_pending(stop)
+                except (MasterUnavailable, DatabaseError) as exc:
+                    failures += 1
+                    delay = backoff(self.client.interval, failures)
+                    log.warning("results upload paused (%s); retrying in %.1f s", exc, delay)
+                except Exception:
+                    failures += 1
+                    delay = backoff(self.client.interval, failures)
+                    log.exception("results upload failed unexpectedly; retrying in %.1f s", delay)
+                else:
+                    failures = 0
+                    delay = jittered(self.client.interval)
+                stop.wait(delay)
+        finally:
+            connection.close()

@@ -1,0 +1,97 @@
+"""End to end: a job on a real shard writes benchmark results; the master has them, linked to the job
+and host, and the malformed one is set aside where operators see it, without failing the job."""
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.shard.fleet import master_hqes, new_shard, sql, submit, writable_by_jobs
+from tests.support import ROOT, wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+def result_files(test: str) -> dict[str, bytes]:
+    """A TensorFlow TestResults file and a Google Benchmark file of the same test and entry, and a malformed one."""
+    tf = {
+        "name": test,
+        "startTime": "1700000000",
+        "entries": {"entry": [{"name": "BM_Copy", "iters": "100", "wallTime": 0.25, "cpuTime": 0.2}]},
+        "commitId": {"hash": "0123abcd"},
+    }
+    gb = {
+        "context": {"date": "2024-01-02T03:04:05+00:00", "executable": f"/build/bench/{test}"},
+        "benchmarks": [
+            {"name": "BM_Copy", "iterations": 1000, "real_time": 250.0, "cpu_time": 200.0, "time_unit": "ms"}
+        ],
+    }
+    return {
+        "tf_results.json": json.dumps(tf).encode(),
+        "gbench.json": json.dumps(gb).encode(),
+        "broken.json": b'{"benchmarks": "nope"}',
+    }
+
+
+def cli_text(master, token: str, *args: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETSHARD_")}
+    env |= {"FLEETSHARD_SERVER": master.url, "FLEETSHARD_TOKEN": token}
+    proc = subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def cli(master, token: str, *args: str) -> dict | list:
+    return json.loads(cli_text(master, token, *args, "--json"))
+
+
+def test_a_jobs_results_reach_the_master_and_a_malformed_file_is_quarantined(master_server, tmp_path):
+    shard = new_shard(master_server, tmp_path, hosts=1)
+    ((hostname, host_id),) = shard.hosts.items()
+    test = f"e2e_bench_{uuid.uuid4().hex[:8]}"
+    source = writable_by_jobs(tmp_path) / "files"
+    source.mkdir()
+    for name, data in result_files(test).items():
+        (source / name).write_bytes(data)
+        (source / name).chmod(0o644)
+    source.chmod(0o755)
+    command = f'mkdir "$FLEETSHARD_RESULTS_DIR/results" && cp {source}/*.json "$FLEETSHARD_RESULTS_DIR/results/"'
+    (job,) = submit(master_server, [{"name": "bench", "command": command, "meta_hosts": [[shard.label, 1]]}])
+    token = master_server.shell(
+        "from master import services\n"
+        "_, result = services.create_personal_token('results-e2e', admin=True, acting_user=None)"
+    )
+    shard.process.start()
+    try:
+        wait_until(lambda: master_hqes(master_server, [job])[0][1] == "Completed", timeout=90, what="the job Completed")
+
+        def timings() -> list:
+            rows = cli(master_server, token, "results", "timings", test, "BM_Copy")
+            return rows if len(rows) == 2 else []
+
+        rows = wait_until(timings, timeout=60, what="both files' timings on the master")
+        stat = cli(master_server, token, "job", "stat", str(job))
+        shown = cli_text(master_server, token, "job", "stat", str(job))
+    finally:
+        assert shard.process.stop() == 0
+    assert stat["status"] == "Completed"
+    assert sorted((r["wall_time_s"], r["job"], r["host"]) for r in rows) == [
+        (0.25, job, hostname),
+        (0.25, job, hostname),
+    ]
+    ((hqe,),) = [stat["hqes"]]
+    assert hqe["host"] == hostname
+    ((name, reason),) = [(q["name"], q["reason"]) for q in hqe["quarantined"]]
+    assert name == "broken.json" and "broken.json" in reason
+    assert f"Quarantined result files:\n  entry {hqe['id']}: broken.json: {reason}" in shown
+    (run,) = sql(shard.url, f"SELECT results_dir FROM common_hostqueueentry WHERE job_id = {job}")
+    run_dir = Path(run[0])
+    assert sorted(p.name for p in (run_dir / "archive").iterdir()) == ["gbench.json", "tf_results.json"]
+    assert sorted(p.name for p in (run_dir / "quarantine").iterdir()) == ["broken.json", "broken.json.error"]
+    assert (run_dir / "quarantine" / "broken.json.error").read_text() == f"the master refused it (400): {reason}\n"
+    assert list((run_dir / "results").iterdir()) == []
+    assert host_id in shard.hosts.values()
