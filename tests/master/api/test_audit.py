@@ -97,6 +97,8 @@ def test_bad_filters_are_named(fleet, staff):
         ({"since": "yesterday"}, "invalid since 'yesterday': use an ISO time"),
         ({"job": "abc"}, "invalid job id 'abc': use a positive integer"),
         ({"job": "0"}, "invalid job id '0'"),
+        ({"since": "999999w"}, "invalid since '999999w': it is before year 1"),
+        ({"since": "9999-12-31T23:59:59-14:00"}, "invalid since '9999-12-31T23:59:59-14:00': it is before year 1"),
     ]:
         resp = staff.get("/api/v1/audit/", params)
         assert resp.status_code == 400 and resp.json()["error"].startswith(message), resp.json()
