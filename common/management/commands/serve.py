@@ -1,4 +1,5 @@
-"""Serves the master (or a shard's admin) with gunicorn, the production WSGI server."""
+"""Serves this role over HTTP with gunicorn, the production WSGI server: the master, or a shard's own admin
+(in common, so both roles have it)."""
 
 import logging
 import sys
@@ -10,7 +11,7 @@ from gunicorn.app.base import BaseApplication
 
 from common.wsgi import application
 
-log = logging.getLogger("master.serve")
+log = logging.getLogger("common.serve")
 
 
 class _Gunicorn(BaseApplication):
