@@ -72,7 +72,7 @@ def test_every_change_names_its_action_and_objects(fleet, op):
         ("host.create", [("host", "n1"), ("label", "board:a")]),
         ("host.add_label", [("label", "os:x"), ("host", "n1")]),
         ("host.remove_label", [("label", "os:x"), ("host", "n1")]),
-        ("shard.create", [("shard", "lab3"), ("label", "board:c"), *shard_token]),
+        ("shard.create", [("shard", "lab3"), ("label", "board:c"), ("host", "c1"), *shard_token]),
         ("shard.add_labels", [("shard", "lab3"), ("label", "pool:x")]),
         ("shard.remove_label", [("shard", "lab3"), ("label", "pool:x")]),
         ("job.create", [("job", "j"), ("shard", "lab1")]),
