@@ -174,3 +174,19 @@ def test_a_shard_told_to_stop_before_any_master_answers_never_schedules(running,
     assert not shard.process.scheduler_started and shard.process.fatal is None
     assert Host.objects.filter(id=host_id).values_list("status", "runner").get() == (HostStatus.RUNNING, DEAD_RUNNER)
 
+
+def test_a_sigint_while_the_last_heartbeat_hangs_still_stops_at_once(running):
+    """A master that takes the connection and never answers holds the heartbeat thread for its whole
+    read timeout; a SIGINT (or second SIGTERM) meanwhile means at once, not after that timeout."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        world = {"shard": "silent.lab", "token": "fs_unused"}
+        shard = running(f"http://127.0.0.1:{silent.getsockname()[1]}", world)
+        silent.settimeout(15)
+        conn, _ = silent.accept()  # the first heartbeat is now waiting for an answer
+        with conn:
+            shard.process.on_signal(signal.SIGTERM)
+            assert not shard.ended(1), "a first SIGTERM waits for the heartbeat in flight"
+            shard.process.on_signal(signal.SIGINT)
+            assert shard.ended(5), "SIGINT must stop at once, whatever the heartbeat thread is waiting for"
