@@ -52,7 +52,10 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         if settings.ROLE != "shard":
-            raise CommandError("run_shard needs FLEETSHARD_ROLE=shard")
+            raise CommandError(
+                "run_shard needs the shard's settings (FLEETSHARD_ROLE=shard, DJANGO_SETTINGS_MODULE=common.settings), "
+                f"not {settings.SETTINGS_MODULE}, which plays the {settings.ROLE}"
+            )
         try:
             config = SchedulerConfig.from_settings()
         except (IsolationError, ValueError) as exc:
