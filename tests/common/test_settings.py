@@ -69,3 +69,12 @@ def test_each_role_serves_its_own_admin(role, title, tmp_path):
         assert title in wait_until(login_page, timeout=60, what=f"the {role}'s admin")
     finally:
         stop(proc)
+
+
+def test_serve_refuses_the_other_roles_database(tmp_path):
+    url = f"sqlite:///{tmp_path / 'shard.sqlite3'}"
+    Role("shard", url, tmp_path).manage("migrate", "--noinput")
+    proc = Role("master", url, tmp_path).manage("serve", "--bind", f"127.0.0.1:{free_port()}", check=False)
+    assert proc.returncode == 1
+    assert "the database is not migrated for the master" in proc.stderr
+    assert "DATABASE_URL names this role's database, not the other role's" in proc.stderr

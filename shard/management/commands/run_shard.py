@@ -12,6 +12,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.utils.module_loading import import_string
 
+from common.schema import check_migrated
 from shard.client import HeartbeatClient
 from shard.config import SchedulerConfig
 from shard.executor import Executor
@@ -56,6 +57,7 @@ class Command(BaseCommand):
                 "run_shard needs the shard's settings (FLEETSHARD_ROLE=shard, DJANGO_SETTINGS_MODULE=common.settings), "
                 f"not {settings.SETTINGS_MODULE}, which plays the {settings.ROLE}"
             )
+        check_migrated()
         try:
             config = SchedulerConfig.from_settings()
         except (IsolationError, ValueError) as exc:
