@@ -26,7 +26,7 @@ CHANGELISTS = [
     ("/admin/common/host/", 8, ["?labels__id__exact={label}&q=dut", "?locked__exact=0&status__exact=Ready"]),
     ("/admin/common/shard/", 6, ["?state=offline&q=lab"]),
     ("/admin/common/job/", 7, ["?label=board:0&status__exact=Queued"]),
-    ("/admin/common/token/", 5, ["?kind=shard"]),
+    ("/admin/master/token/", 5, ["?kind=shard"]),
 ]
 
 
