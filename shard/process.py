@@ -105,7 +105,11 @@ class ShardProcess:
             self._uploads.join(timeout=2 if self.at_once.is_set() else self.client.timeout[1] + 10)
         if self._heartbeat is None:
             return
-        self._heartbeat.join(timeout=2 if self.at_once.is_set() else self.client.timeout[1] + 10)
+        deadline = time.monotonic() + self.client.timeout[1] + 10
+        while self._heartbeat.is_alive() and time.monotonic() < deadline:
+            if self.at_once.is_set():  # also when a second SIGTERM or a SIGINT comes during this wait
+                deadline = min(deadline, time.monotonic() + 2)
+            self._heartbeat.join(timeout=0.1)
         if not self.at_once.is_set() and not self._heartbeat.is_alive():
             self._flush()
 

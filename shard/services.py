@@ -33,7 +33,7 @@ def transition_hqe(
     if not hqe_can_move(hqe.status, status):
         raise FleetshardError(f"HQE {hqe_id} cannot go from {hqe.status} to {status}", field="status")
     if (status == HQEStatus.FAILED) != bool(failure) or (failure and failure not in FailureClass.ALL):
-        raise FleetshardError(f"failure class {failure!r} does not fit status {status}", field="failure")
+        raise FleetshardError(f"failure class {str(failure)!r} does not fit status {status}", field="failure")
     now = now or timezone.now()
     hqe.status = status
     if host_id is not None:

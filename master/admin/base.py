@@ -7,6 +7,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.views.main import PAGE_VAR
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -117,11 +118,16 @@ class ServiceAdmin(admin.ModelAdmin):
         if not self.has_view_or_change_permission(request, obj):
             raise PermissionDenied
         opts = self.model._meta
+        # A page at a time, as Django's own history: a shard's trail holds every job created on it.
+        paginator = self.get_paginator(request, records_of(target(obj)), 100)
+        records = paginator.get_page(request.GET.get(PAGE_VAR, 1))
         context = {
             **self.admin_site.each_context(request),
             "title": f"Change history: {obj}",
             "subtitle": None,
-            "records": records_of(target(obj)),
+            "records": records,
+            "page_range": paginator.get_elided_page_range(records.number),
+            "page_var": PAGE_VAR,
             "module_name": str(opts.verbose_name_plural).capitalize(),
             "object": obj,
             "opts": opts,

@@ -76,18 +76,24 @@ _AGE_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "w
 def parse_since(text: str, now: datetime) -> datetime:
     """`2026-11-23T04:00:00Z` (a naive time is UTC) or an age before `now` such as 90m, 24h, 7d."""
     age = _AGE_RE.fullmatch(text.strip())
-    if age:
-        return now - timedelta(**{_AGE_UNITS[age[2]]: int(age[1])})
     try:
+        if age:
+            return now - timedelta(**{_AGE_UNITS[age[2]]: int(age[1])})
         when = parse_datetime(text.strip())
+        if when is not None:
+            when = when if timezone.is_aware(when) else when.replace(tzinfo=UTC)
+            when.astimezone(UTC)  # the database compares in UTC: 0001-01-01T00:00+01:00 has no UTC time
+            return when
     except ValueError:
-        when = None
-    if when is None:
+        pass
+    except OverflowError:
         raise FleetshardError(
-            f"invalid since {text!r}: use an ISO time (2026-11-23T04:00:00Z) or an age such as 90m, 24h or 7d",
-            field="since",
-        )
-    return when if timezone.is_aware(when) else when.replace(tzinfo=UTC)
+            f"invalid since {text!r}: it is before year 1 or after year 9999", field="since"
+        ) from None
+    raise FleetshardError(
+        f"invalid since {text!r}: use an ISO time (2026-11-23T04:00:00Z) or an age such as 90m, 24h or 7d",
+        field="since",
+    )
 
 
 def _touching(queryset: QuerySet, kind: str, **target: object) -> QuerySet:

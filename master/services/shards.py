@@ -42,30 +42,37 @@ def create_shard(
     if Shard.objects.filter(hostname=hostname).exists():
         raise Refused(f"shard {hostname} already exists", field="hostname")
     shard = Shard.objects.create(hostname=hostname)
-    given, moves = _give_labels(shard, labels) if labels else ([], [])
+    given, moves, moved = _give_labels(shard, labels) if labels else ([], [], [])
     # The description column holds 255 characters; a hostname may use all of them.
     token, raw = issue_token(shard=shard, description=f"heartbeat token of {hostname}"[:255])
     record(
         "shard.create",
         acting_user=acting_user,
-        targets=[shard, *given, token],
+        targets=[shard, *given, *moved, token],
         details={"labels": list(dict.fromkeys(labels)), "hosts_moved": moves_detail(moves)},
     )
     return shard, raw
 
 
-def _give_labels(shard: Shard, label_names: Sequence[str]) -> tuple[list[Label], list[HostMove]]:
+def _moved(hosts: list[Host], moves: list[HostMove]) -> list[Host]:
+    """The hosts that changed shard, as audit targets: `audit list --host` must find what moved them."""
+    by_name = {h.hostname: h for h in hosts}
+    return [by_name[m.hostname] for m in moves]
+
+
+def _give_labels(shard: Shard, label_names: Sequence[str]) -> tuple[list[Label], list[HostMove], list[Host]]:
     labels = get_labels(check_names("label", label_names), lock=True)
     for label in labels:
         if label.shard_id is not None and label.shard_id != shard.id:
             raise Refused(f"label {label.name} already belongs to shard {label.shard.hostname}", field="labels")  # type: ignore[union-attr]
     Label.objects.filter(id__in=[label.id for label in labels]).update(shard=shard)
-    moves = reassign(
+    hosts = list(
         Host.objects.filter(id__in=Host.labels.through.objects.filter(label__in=labels).values("host_id"))
         .only("id", "hostname", "shard_id")
         .select_for_update(of=("self",))
     )
-    return labels, moves
+    moves = reassign(hosts)
+    return labels, moves, _moved(hosts, moves)
 
 
 @transaction.atomic
@@ -74,11 +81,11 @@ def add_labels_to_shard(
 ) -> ShardChange:
     """Gives labels to a shard; the hosts with them join it. A fixed number of queries, however many hosts."""
     shard = get_shard(hostname, lock=True)
-    labels, moves = _give_labels(shard, label_names)
+    labels, moves, moved = _give_labels(shard, label_names)
     record(
         "shard.add_labels",
         acting_user=acting_user,
-        targets=[shard, *labels],
+        targets=[shard, *labels, *moved],
         details={"labels": list(dict.fromkeys(label_names)), "hosts_moved": moves_detail(moves)},
     )
     return ShardChange(shard, moves)
@@ -92,13 +99,12 @@ def remove_label_from_shard(hostname: str, label_name: str, *, acting_user: Abst
     if label.shard_id != shard.id:
         raise FleetshardError(f"label {label.name} does not belong to shard {shard.hostname}", field="labels")
     Label.objects.filter(id=label.id).update(shard=None)
-    moves = reassign(
-        Host.objects.filter(labels=label).only("id", "hostname", "shard_id").select_for_update(of=("self",))
-    )
+    hosts = list(Host.objects.filter(labels=label).only("id", "hostname", "shard_id").select_for_update(of=("self",)))
+    moves = reassign(hosts)
     record(
         "shard.remove_label",
         acting_user=acting_user,
-        targets=[shard, label],
+        targets=[shard, label, *_moved(hosts, moves)],
         details={"label": label.name, "hosts_moved": moves_detail(moves)},
     )
     return ShardChange(shard, moves)

@@ -313,6 +313,21 @@ def test_an_objects_history_page_shows_its_audit_trail_from_every_entry_point(fl
     ]
 
 
+def test_a_history_page_shows_a_page_of_records_at_a_time(fleet, staff):
+    """A shard's trail holds every job created on it: its history page must not render them all at once."""
+    for n in range(130):
+        services.lock_hosts(["a1"], f"r{n}", acting_user=None)
+
+    def reasons(page: str) -> list[str]:
+        return re.findall(r"<td>(r[0-9]+)</td>", page)
+
+    first = staff.get(url("host", f"{host('a1').id}/history")).content.decode()
+    assert reasons(first) == [f"r{n}" for n in range(129, 29, -1)]
+    second = staff.get(url("host", f"{host('a1').id}/history") + "?p=2").content.decode()
+    assert reasons(second) == [f"r{n}" for n in range(29, -1, -1)] and "host.create" in second
+    assert "131 records" in first and "?p=2" in first
+
+
 def test_the_audit_trail_is_read_only_in_the_admin(fleet, staff):
     services.lock_hosts(["a1"], "x", acting_user=None)
     entry = AuditRecord.objects.order_by("-id").first()

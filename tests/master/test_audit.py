@@ -1,6 +1,7 @@
 """The audit trail as the services write it: one record per change, with its user, action, objects and
 reason, in the change's own transaction (a refused change leaves none)."""
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -71,7 +72,7 @@ def test_every_change_names_its_action_and_objects(fleet, op):
         ("host.create", [("host", "n1"), ("label", "board:a")]),
         ("host.add_label", [("label", "os:x"), ("host", "n1")]),
         ("host.remove_label", [("label", "os:x"), ("host", "n1")]),
-        ("shard.create", [("shard", "lab3"), ("label", "board:c"), *shard_token]),
+        ("shard.create", [("shard", "lab3"), ("label", "board:c"), ("host", "c1"), *shard_token]),
         ("shard.add_labels", [("shard", "lab3"), ("label", "pool:x")]),
         ("shard.remove_label", [("shard", "lab3"), ("label", "pool:x")]),
         ("job.create", [("job", "j"), ("shard", "lab1")]),
@@ -180,4 +181,13 @@ def test_since_takes_an_iso_time_naive_meaning_utc():
 @pytest.mark.parametrize("text", ["yesterday", "7 d", "-3h", "2026-13-01T00:00", "1y", ""])
 def test_since_refuses_what_it_cannot_read(text):
     with pytest.raises(FleetshardError, match="invalid since .*: use an ISO time"):
+        parse_since(text, timezone.now())
+
+
+@pytest.mark.parametrize("text", ["999999w", "999999d", "0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00"])
+def test_since_refuses_a_time_outside_the_calendar(text):
+    """An age reaching before year 1, or an ISO time that has no UTC time, is the caller's mistake, not a 500."""
+    with pytest.raises(
+        FleetshardError, match=re.escape(f"invalid since {text!r}: it is before year 1 or after year 9999")
+    ):
         parse_since(text, timezone.now())

@@ -2,6 +2,7 @@
 
 import pytest
 
+from common.constants import FailureClass, HQEStatus
 from common.errors import FleetshardError
 from common.models import HostQueueEntry, Job
 from shard.models import OutboxEntry
@@ -57,6 +58,13 @@ def test_failed_needs_a_failure_class(hqe):
         finish_hqe(hqe.id, "Failed")
     assert not OutboxEntry.objects.exists()
     assert HostQueueEntry.objects.get(id=hqe.id).status == "Queued"
+
+
+def test_a_refusal_names_the_failure_class_as_its_word(hqe):
+    """The scheduler passes the StrEnum members; the message (and the log line quoting it) shows the word."""
+    with pytest.raises(FleetshardError) as refused:
+        finish_hqe(hqe.id, HQEStatus.COMPLETED, failure=FailureClass.TEST)
+    assert refused.value.message == "failure class 'test' does not fit status Completed"
 
 
 def test_log_tail_is_capped_at_16_kib(hqe):

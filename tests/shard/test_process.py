@@ -35,11 +35,11 @@ def lab(master: Master, command: str) -> dict[str, Any]:
         f"""
 from master import services
 label = "{prefix}:board"
-services.create_labels([label])
-shard, token = services.create_shard("{prefix}.lab", [label])
-services.create_hosts(["{prefix}-h0"], labels=[label])
+services.create_labels([label], acting_user=None)
+shard, token = services.create_shard("{prefix}.lab", [label], acting_user=None)
+services.create_hosts(["{prefix}-h0"], labels=[label], acting_user=None)
 request = services.JobRequest(name="{prefix}-j", owner="ana", command={command!r}, meta_hosts=[(label, 1)])
-job = services.create_job(request)
+job = services.create_job(request, acting_user=None)
 result = {{"shard": shard.hostname, "shard_id": shard.id, "token": token, "job": job.id}}
 """
     )
@@ -173,3 +173,20 @@ def test_a_shard_told_to_stop_before_any_master_answers_never_schedules(running,
     assert shard.ended(15)
     assert not shard.process.scheduler_started and shard.process.fatal is None
     assert Host.objects.filter(id=host_id).values_list("status", "runner").get() == (HostStatus.RUNNING, DEAD_RUNNER)
+
+
+def test_a_sigint_while_the_last_heartbeat_hangs_still_stops_at_once(running):
+    """A master that takes the connection and never answers holds the heartbeat thread for its whole
+    read timeout; a SIGINT (or second SIGTERM) meanwhile means at once, not after that timeout."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        world = {"shard": "silent.lab", "token": "fs_unused"}
+        shard = running(f"http://127.0.0.1:{silent.getsockname()[1]}", world)
+        silent.settimeout(15)
+        conn, _ = silent.accept()  # the first heartbeat is now waiting for an answer
+        with conn:
+            shard.process.on_signal(signal.SIGTERM)
+            assert not shard.ended(1), "a first SIGTERM waits for the heartbeat in flight"
+            shard.process.on_signal(signal.SIGINT)
+            assert shard.ended(5), "SIGINT must stop at once, whatever the heartbeat thread is waiting for"

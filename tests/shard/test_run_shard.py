@@ -8,7 +8,7 @@ import pytest
 
 from shard.tracking import process_state
 from tests.shard.fleet import ACTIVE, in_list, master_hqes, new_shard, sql, submit, writable_by_jobs
-from tests.support import stop, wait_until
+from tests.support import Role, stop, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -183,3 +183,30 @@ def test_run_shard_refuses_an_unknown_executor(master_server, tmp_path):
     proc = shard.process.role.manage("run_shard", check=False, timeout=60)
     assert proc.returncode != 0
     assert "FLEETSHARD_EXECUTOR=shard.executor.NoSuchExecutor" in proc.stderr
+
+
+def test_run_shard_under_the_test_settings_says_which_settings_it_needs(tmp_path):
+    """The suite's settings play the master (both roles installed): FLEETSHARD_ROLE=shard alone is not enough,
+    and the refusal must not tell someone who set it to set it."""
+    role = Role("shard", f"sqlite:///{tmp_path / 's.sqlite3'}", tmp_path)
+    role.extra_env["DJANGO_SETTINGS_MODULE"] = "common.settings.test"
+    proc = role.manage("run_shard", check=False, timeout=60)
+    assert proc.returncode == 1
+    assert (
+        "run_shard needs the shard's settings (FLEETSHARD_ROLE=shard, DJANGO_SETTINGS_MODULE=common.settings), "
+        "not common.settings.test, which plays the master"
+    ) in proc.stderr
+
+
+@pytest.mark.parametrize("database", ["never migrated", "the master's"])
+def test_run_shard_refuses_a_database_not_migrated_for_the_shard(database, tmp_path):
+    """A shard started after an upgrade without `migrate`, or pointed at the master's database, would
+    heartbeat 'no such table' forever; it refuses to start, saying what to do."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite3'}"
+    if database == "the master's":
+        Role("master", url, tmp_path).manage("migrate", "--noinput")
+    shard = Role("shard", url, tmp_path, {"FLEETSHARD_SHARD_HOSTNAME": "lab1", "FLEETSHARD_SHARD_TOKEN": "fs_x"})
+    proc = shard.manage("run_shard", check=False, timeout=60)
+    assert proc.returncode == 1
+    assert "the database is not migrated for the shard" in proc.stderr
+    assert "run `FLEETSHARD_ROLE=shard python manage.py migrate`" in proc.stderr

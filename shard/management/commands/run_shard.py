@@ -12,6 +12,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.utils.module_loading import import_string
 
+from common.schema import check_migrated
 from shard.client import HeartbeatClient
 from shard.config import SchedulerConfig
 from shard.executor import Executor
@@ -52,7 +53,11 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         if settings.ROLE != "shard":
-            raise CommandError("run_shard needs FLEETSHARD_ROLE=shard")
+            raise CommandError(
+                "run_shard needs the shard's settings (FLEETSHARD_ROLE=shard, DJANGO_SETTINGS_MODULE=common.settings), "
+                f"not {settings.SETTINGS_MODULE}, which plays the {settings.ROLE}"
+            )
+        check_migrated()
         try:
             config = SchedulerConfig.from_settings()
         except (IsolationError, ValueError) as exc:

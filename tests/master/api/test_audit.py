@@ -97,6 +97,8 @@ def test_bad_filters_are_named(fleet, staff):
         ({"since": "yesterday"}, "invalid since 'yesterday': use an ISO time"),
         ({"job": "abc"}, "invalid job id 'abc': use a positive integer"),
         ({"job": "0"}, "invalid job id '0'"),
+        ({"since": "999999w"}, "invalid since '999999w': it is before year 1"),
+        ({"since": "9999-12-31T23:59:59-14:00"}, "invalid since '9999-12-31T23:59:59-14:00': it is before year 1"),
     ]:
         resp = staff.get("/api/v1/audit/", params)
         assert resp.status_code == 400 and resp.json()["error"].startswith(message), resp.json()
@@ -122,3 +124,17 @@ def test_the_list_costs_a_fixed_number_of_queries(fleet, staff, django_assert_nu
     with django_assert_num_queries(4):
         big = _list(staff, limit=20)
     assert len(small["results"]) == 2 and len(big["results"]) == 20
+
+
+def test_a_host_that_changed_shard_finds_the_change_that_moved_it(fleet, staff):
+    """`audit list --host c1` answers "why is c1 on this shard?": the shard change that moved it names it."""
+    services.create_shard("lab3", ["board:c"], acting_user=None)
+    services.remove_label_from_shard("lab3", "board:c", acting_user=None)
+    services.add_labels_to_shard("lab3", ["board:c"], acting_user=None)
+    services.add_labels_to_shard("lab3", ["pool:x"], acting_user=None)  # c1 has no pool:x: not named
+    assert [r["action"] for r in _list(staff, host="c1")["results"]] == [
+        "shard.add_labels",
+        "shard.remove_label",
+        "shard.create",
+        "host.create",
+    ]

@@ -1,4 +1,5 @@
-"""Serves the master (or a shard's admin) with gunicorn, the production WSGI server."""
+"""Serves this role over HTTP with gunicorn, the production WSGI server: the master, or a shard's own admin
+(in common, so both roles have it)."""
 
 import logging
 import sys
@@ -8,9 +9,10 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 from gunicorn.app.base import BaseApplication
 
+from common.schema import check_migrated
 from common.wsgi import application
 
-log = logging.getLogger("master.serve")
+log = logging.getLogger("common.serve")
 
 
 class _Gunicorn(BaseApplication):
@@ -36,6 +38,7 @@ class Command(BaseCommand):
         parser.add_argument("--timeout", type=int, default=60)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        check_migrated()
         if settings.SECRET_KEY == settings.DEV_SECRET_KEY:
             msg = "WARNING: SECRET_KEY is not set; using the development key. Never do this in production."
             log.warning(msg)
