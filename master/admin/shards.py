@@ -50,7 +50,7 @@ class ShardAdmin(ServiceAdmin):
     ]
     list_filter = [OnlineFilter]
     search_fields = ["hostname"]
-    fields = [
+    readonly_fields = [
         "hostname",
         "state",
         "heartbeat",
@@ -69,7 +69,7 @@ class ShardAdmin(ServiceAdmin):
         "instance_since",
         "created_on",
     ]
-    readonly_fields = fields
+    fields = tuple(readonly_fields)
     actions = ["add_labels", "remove_label", "delete_shards"]
     add_form = ShardCreateForm
 
