@@ -19,6 +19,7 @@ def _json_default(value: object) -> str:
 
 
 def _column(model: type[Model], name: str) -> "tuple[Field[Any, Any], str]":
+    """A field and its column: get_field also answers for reverse relations, which have no column."""
     field = model._meta.get_field(name)
     if not isinstance(field, Field) or field.column is None:
         raise ValueError(f"{model.__name__}.{name} is not a column bulk_set can write")
