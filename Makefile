@@ -28,9 +28,11 @@ fuzz: venv
 	FLEETSHARD_FUZZ_CASES=$(FUZZ_CASES) FLEETSHARD_FUZZ_REST_CASES=$(FUZZ_REST_CASES) FLEETSHARD_FUZZ_RANDOM=1 \
 		$(PY) -m pytest tests/fuzz --timeout=3600 -q -p no:cacheprovider $(PYTEST_ARGS)
 
+# Type checks: [tool.mypy] in pyproject.toml (strict on common, shard and the heartbeat endpoint).
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 # Refreshes the README's admin pictures in docs/ from the browser tests.
 screenshots: venv

@@ -5,14 +5,14 @@ from typing import Any
 import click
 
 from cli.action import Run, action
-from cli.output import table, when
+from cli.output import Column, table, when
 
 
 def _objects(row: dict[str, Any]) -> str:
     return ", ".join(f"{t['kind']} {t['name'] or t['id']}" for t in row["targets"]) or "-"
 
 
-AUDIT_COLUMNS = [
+AUDIT_COLUMNS: list[Column] = [
     ("At", when("at")),
     ("User", "user"),
     ("Action", "action"),

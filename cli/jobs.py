@@ -10,13 +10,13 @@ import click
 from cli.action import Run, action
 from cli.client import CliError
 from cli.inputs import HOSTS_FILE, key_values, read_list, split
-from cli.output import fields, names, table, when
+from cli.output import Column, fields, names, table, when
 from common.constants import DEFAULT_MAX_RUNTIME_MINS, DEFAULT_TIMEOUT_MINS, JobStatus
 
 # A job in one of these statuses changes no more: `job wait` stops there.
 FINISHED = tuple(s for s in JobStatus.ALL if s not in JobStatus.ACTIVE)
 
-JOB_COLUMNS = [
+JOB_COLUMNS: list[Column] = [
     ("Id", "id"),
     ("Name", "name"),
     ("Owner", "owner"),
@@ -25,7 +25,7 @@ JOB_COLUMNS = [
     ("Shard", "shard"),
     ("Created", when("created_on")),
 ]
-HQE_COLUMNS = [
+HQE_COLUMNS: list[Column] = [
     ("Entry", "id"),
     ("Host", "host"),
     ("Meta-host", "meta_host"),

@@ -7,9 +7,9 @@ import click
 from cli.action import Run, action
 from cli.client import CliError, segment
 from cli.inputs import LABELS_FILE, need, read_list, split
-from cli.output import plural, table, when, with_moves
+from cli.output import Column, plural, table, when, with_moves
 
-SHARD_COLUMNS = [
+SHARD_COLUMNS: list[Column] = [
     ("Hostname", "hostname"),
     ("Status", "status"),
     ("Last Heartbeat", when("last_heartbeat")),

@@ -4,7 +4,7 @@ They only format values already loaded, so a changelist column built on them nev
 """
 
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
 from django.db.models import Count, QuerySet
@@ -15,6 +15,15 @@ from django.utils.safestring import SafeString
 
 from common.constants import HostStatus, HQEStatus, JobStatus
 from common.models import Host, HostQueueEntry, Job
+
+if TYPE_CHECKING:
+    # The column mixins are typed as the admins they join; at runtime they stay plain classes.
+    _HostAdmin = admin.ModelAdmin[Host]
+    _JobAdmin = admin.ModelAdmin[Job]
+    _HQEInline = admin.TabularInline[HostQueueEntry, Job]
+else:
+    _HostAdmin = _JobAdmin = object
+    _HQEInline = admin.TabularInline
 
 # One color per status word, chosen so the eye finds trouble (red, orange) first.
 _COLORS: dict[str, str] = {
@@ -78,11 +87,11 @@ def pre(text: str, *, lines: int | None = None) -> SafeString:
     )
 
 
-class HostColumns:
+class HostColumns(_HostAdmin):
     """The host columns both admins show; labels come prefetched, so a host list never queries per row."""
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Host]:
-        return super().get_queryset(request).prefetch_related("labels")  # type: ignore[misc]
+        return super().get_queryset(request).prefetch_related("labels")
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj: Host) -> SafeString:
@@ -97,11 +106,11 @@ class HostColumns:
         return ", ".join(label.name for label in obj.labels.all())
 
 
-class JobColumns:
+class JobColumns(_JobAdmin):
     """The job columns both admins show; the HQE count is annotated, not queried per row."""
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
-        return super().get_queryset(request).annotate(hqe_count=Count("hqes"))  # type: ignore[misc]
+        return super().get_queryset(request).annotate(hqe_count=Count("hqes"))
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj: Job) -> SafeString:
@@ -109,7 +118,8 @@ class JobColumns:
 
     @admin.display(description="HQEs", ordering="hqe_count")
     def hqe_count(self, obj: Job) -> int:
-        return obj.hqe_count  # type: ignore[attr-defined]
+        count: int = obj.hqe_count  # type: ignore[attr-defined]  # annotated by get_queryset
+        return count
 
 
 class NoWrites:
@@ -125,12 +135,22 @@ class NoWrites:
         return False
 
 
-class HQEInlineBase(NoWrites, admin.TabularInline):
+class HQEInlineBase(NoWrites, _HQEInline):
     """An HQE under its job on either site; a site says only where its `log` column comes from."""
 
     model = HostQueueEntry
-    fields = ["id", "host", "meta_host", "status_badge", "failure", "exit_code", "started_on", "finished_on", "log"]
-    readonly_fields = fields
+    readonly_fields = [
+        "id",
+        "host",
+        "meta_host",
+        "status_badge",
+        "failure",
+        "exit_code",
+        "started_on",
+        "finished_on",
+        "log",
+    ]
+    fields = tuple(readonly_fields)
     extra = 0
     can_delete = False
 

@@ -9,7 +9,7 @@ from datetime import date, datetime
 from typing import Any
 
 from django.db import connection
-from django.db.models import Model
+from django.db.models import Field, Model
 
 
 def _json_default(value: object) -> str:
@@ -18,27 +18,35 @@ def _json_default(value: object) -> str:
     raise TypeError(f"cannot send {type(value).__name__} to bulk_set")
 
 
+def _column(model: type[Model], name: str) -> "tuple[Field[Any, Any], str]":
+    """A field and its column: get_field also answers for reverse relations, which have no column."""
+    field = model._meta.get_field(name)
+    if not isinstance(field, Field) or field.column is None:
+        raise ValueError(f"{model.__name__}.{name} is not a column bulk_set can write")
+    return field, field.column
+
+
 def bulk_set(model: type[Model], rows: list[dict[str, Any]], fields: list[str]) -> int:
     """Sets `fields` on each row matched by its "id"; returns the number of rows updated."""
     if not rows:
         return 0
     meta = model._meta
-    columns = [meta.get_field(name) for name in fields]
+    columns = [_column(model, name) for name in fields]
     payload = [
-        {"id": row["id"], **{f.column: f.get_db_prep_value(row[f.name], connection) for f in columns}} for row in rows
+        {"id": row["id"], **{col: f.get_db_prep_value(row[f.name], connection) for f, col in columns}} for row in rows
     ]
     qn = connection.ops.quote_name
     table = qn(meta.db_table)
-    assignments = ", ".join(f"{qn(f.column)} = v.{qn(f.column)}" for f in columns)
+    assignments = ", ".join(f"{qn(col)} = v.{qn(col)}" for _, col in columns)
     if connection.vendor == "postgresql":
-        record = ", ".join([f"{qn('id')} bigint"] + [f"{qn(f.column)} {f.db_type(connection)}" for f in columns])
+        record = ", ".join([f"{qn('id')} bigint"] + [f"{qn(col)} {f.db_type(connection)}" for f, col in columns])
         sql = (
             f"UPDATE {table} SET {assignments} FROM jsonb_to_recordset(%s::jsonb) AS v({record}) "
             f"WHERE {table}.{qn('id')} = v.{qn('id')}"
         )
     elif connection.vendor == "sqlite":
         picks = ", ".join(
-            [f"value ->> '$.id' AS {qn('id')}"] + [f"value ->> '$.{f.column}' AS {qn(f.column)}" for f in columns]
+            [f"value ->> '$.id' AS {qn('id')}"] + [f"value ->> '$.{col}' AS {qn(col)}" for _, col in columns]
         )
         sql = (
             f"UPDATE {table} SET {assignments} FROM (SELECT {picks} FROM json_each(%s)) AS v "
@@ -48,4 +56,5 @@ def bulk_set(model: type[Model], rows: list[dict[str, Any]], fields: list[str]) 
         raise NotImplementedError(connection.vendor)
     with connection.cursor() as cursor:
         cursor.execute(sql, [json.dumps(payload, default=_json_default)])
-        return cursor.rowcount
+        updated: int = cursor.rowcount
+        return updated

@@ -3,6 +3,8 @@
 State only one role keeps lives in that role's app: master/models.py, shard/models.py.
 """
 
+from datetime import datetime
+
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
@@ -49,7 +51,7 @@ class Shard(models.Model):
     def __str__(self) -> str:
         return self.hostname
 
-    def is_online(self, now: "timezone.datetime | None" = None) -> bool:
+    def is_online(self, now: datetime | None = None) -> bool:
         if self.last_heartbeat is None:
             return False
         now = now or timezone.now()

@@ -179,9 +179,9 @@ class _Fields:
 
     def choice(self, key: str, allowed: tuple[str, ...], *, default: str | None = None) -> str:
         value = self.obj.get(key, default)
-        if value not in allowed:
+        if not isinstance(value, str) or value not in allowed:
             raise self.fail(key, f"expected one of {', '.join(allowed)}, got {_show(value)}")
-        return value  # type: ignore[return-value]
+        return value
 
     def boolean(self, key: str, *, default: bool | None = None) -> bool:
         value = self.obj.get(key, default)

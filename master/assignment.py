@@ -17,7 +17,9 @@ def shard_for_labels(hostname: str, labels: Iterable[Label]) -> Shard | None:
     owners: dict[int, tuple[Shard, Label]] = {}
     for label in labels:
         if label.shard_id is not None and label.shard_id not in owners:
-            owners[label.shard_id] = (label.shard, label)
+            shard = label.shard
+            assert shard is not None  # shard_id is set
+            owners[label.shard_id] = (shard, label)
     if len(owners) > 1:
         (s1, l1), (s2, l2) = sorted(owners.values(), key=lambda o: o[0].hostname)[:2]
         raise Refused(

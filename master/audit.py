@@ -6,14 +6,17 @@ raises before it, and rolls back with it, so it leaves no record.
 
 import re
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeAlias
 
 from django.contrib.auth.base_user import AbstractBaseUser
+from django.contrib.auth.models import AnonymousUser, User
 from django.db.models import Model, Prefetch, QuerySet
 
 from master.models import AuditRecord, AuditTarget
 
 SYSTEM = "system"
+# Who a service acts for: a view's `request.user` (anonymous when signed out) or None for the system.
+ActingUser: TypeAlias = AbstractBaseUser | AnonymousUser | None
 _ACTION_RE = re.compile(r"[a-z_]+\.[a-z_]+")
 
 # What names each kind of object in the trail: kept as text, it outlives the object.
@@ -40,7 +43,7 @@ def target(obj: Model) -> AuditTarget:
 def record(
     action: str,
     *,
-    acting_user: AbstractBaseUser | None,
+    acting_user: ActingUser,
     targets: Iterable[Model] = (),
     reason: str = "",
     details: dict[str, Any] | None = None,
@@ -51,7 +54,7 @@ def record(
     if not _ACTION_RE.fullmatch(action):
         raise ValueError(f"audit action {action!r} is not TOPIC.VERB")
     rows = list(dict.fromkeys((t.kind, t.object_id, t.name) for t in map(target, targets)))
-    user = acting_user if acting_user is not None and acting_user.pk is not None else None
+    user = acting_user if isinstance(acting_user, User) and acting_user.pk is not None else None
     entry = AuditRecord.objects.create(
         user=user,
         actor=user.get_username() if user is not None else SYSTEM,

@@ -53,12 +53,13 @@ class PersonalTokenAuthentication(authentication.BaseAuthentication):
         if token.user_id is None and self.shard_tokens:
             touch(token)
             return ShardPrincipal(token.shard), token
-        if token.user_id is None:
+        user = token.user
+        if user is None:
             raise exceptions.AuthenticationFailed("a shard token is only valid for the heartbeat")
-        if not token.user.is_active:
+        if not user.is_active:
             raise exceptions.AuthenticationFailed("the token's user is inactive")
         touch(token)  # the admin shows last_used; written at most once a minute
-        return token.user, token
+        return user, token
 
     def authenticate_header(self, request: Request) -> str:
         return self.keyword

@@ -49,8 +49,8 @@ class FleetCollector(Collector):
         yield hosts
 
         jobs = GaugeMetricFamily("fleetshard_jobs", "Jobs by shard and status", labels=["shard", "status"])
-        for row in Job.objects.values("shard_id", "status").annotate(n=Count("id")).order_by():
-            jobs.add_metric([names.get(row["shard_id"], ""), row["status"]], row["n"])
+        for job_row in Job.objects.values("shard_id", "status").annotate(n=Count("id")).order_by():
+            jobs.add_metric([names.get(job_row["shard_id"], ""), job_row["status"]], job_row["n"])
         yield jobs
 
 

@@ -5,9 +5,11 @@ import hmac
 import secrets
 from datetime import datetime, timedelta
 
+from django.contrib.auth.models import User
 from django.db.models import Q
 from django.utils import timezone
 
+from common.models import Shard
 from master.models import Token
 
 TOKEN_PREFIX = "fs_"
@@ -21,7 +23,7 @@ def new_raw_token() -> str:
     return TOKEN_PREFIX + secrets.token_urlsafe(32)
 
 
-def issue_token(*, user=None, shard=None, description: str = "") -> tuple[Token, str]:  # noqa: ANN001
+def issue_token(*, user: User | None = None, shard: Shard | None = None, description: str = "") -> tuple[Token, str]:
     """Stores a new token's digest and returns the raw token, which is never stored nor shown again."""
     raw = new_raw_token()
     token = Token.objects.create(

@@ -8,7 +8,7 @@ execution state changes only through the scheduler and executors, which queue ea
 master in the same transaction, so an edit made here would be lost or would split the two sides.
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.contrib import admin
@@ -81,7 +81,13 @@ def summary() -> dict[str, Any]:
     }
 
 
-class ReadOnlyAdmin(NoWrites, admin.ModelAdmin):
+if TYPE_CHECKING:
+    _ModelAdmin = admin.ModelAdmin[Any]
+else:
+    _ModelAdmin = admin.ModelAdmin
+
+
+class ReadOnlyAdmin(NoWrites, _ModelAdmin):
     pass
 
 
@@ -96,15 +102,24 @@ class HostAdmin(HostColumns, ReadOnlyAdmin):
     list_display = ["hostname", "status_badge", "locked_badge", "lock_reason", "label_list", "retired", "version"]
     list_filter = ["status", "locked", "labels", "retired"]
     search_fields = ["hostname"]
-    fields = ["hostname", "status_badge", "label_list", "locked", "lock_reason", "attributes", "retired", "version"]
-    readonly_fields = fields
+    readonly_fields = [
+        "hostname",
+        "status_badge",
+        "label_list",
+        "locked",
+        "lock_reason",
+        "attributes",
+        "retired",
+        "version",
+    ]
+    fields = tuple(readonly_fields)
 
 
 class ActiveFilter(admin.SimpleListFilter):
     title = "activity"
     parameter_name = "activity"
 
-    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+    def lookups(self, request: HttpRequest, model_admin: "admin.ModelAdmin[Any]") -> list[tuple[str, str]]:
         return [("active", "queued, starting or running"), ("finished", "finished")]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
@@ -121,7 +136,7 @@ class HQEAdmin(ReadOnlyAdmin):
     list_filter = [ActiveFilter, "status", "failure"]
     search_fields = ["job__name", "host__hostname"]
     list_select_related = ["job", "host", "meta_host"]
-    fields = [
+    readonly_fields = [
         "id",
         "job",
         "host",
@@ -136,7 +151,7 @@ class HQEAdmin(ReadOnlyAdmin):
         "pid",
         "full_log",
     ]
-    readonly_fields = fields
+    fields = tuple(readonly_fields)
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj: HostQueueEntry) -> SafeString:
@@ -173,7 +188,7 @@ class JobAdmin(JobColumns, ReadOnlyAdmin):
     list_filter = ["status", "aborted"]
     search_fields = ["name", "owner"]
     ordering = ["-priority", "created_on", "id"]
-    fields = [
+    readonly_fields = [
         "id",
         "name",
         "owner",
@@ -189,7 +204,7 @@ class JobAdmin(JobColumns, ReadOnlyAdmin):
         "version",
         "created_on",
     ]
-    readonly_fields = fields
+    fields = tuple(readonly_fields)
     inlines = [HQEInline]
 
 
@@ -200,19 +215,21 @@ class LabelAdmin(ReadOnlyAdmin):
     fields = ["name"]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Label]:
-        return super().get_queryset(request).annotate(hosts_total=Count("hosts"))
+        labels: QuerySet[Label] = super().get_queryset(request).annotate(hosts_total=Count("hosts"))
+        return labels
 
     @admin.display(description="hosts", ordering="hosts_total")
     def hosts_total(self, obj: Label) -> int:
-        return obj.hosts_total  # type: ignore[attr-defined]
+        total: int = obj.hosts_total  # type: ignore[attr-defined]  # annotated by get_queryset
+        return total
 
 
 @admin.register(OutboxEntry, site=shard_site)
 class OutboxAdmin(ReadOnlyAdmin):
     list_display = ["seq", "hqe_id", "job_id", "update_status", "created_on", "waiting"]
     search_fields = ["=hqe_id", "=job_id"]
-    fields = ["seq", "hqe_id", "job_id", "update_status", "created_on", "payload"]
-    readonly_fields = fields
+    readonly_fields = ["seq", "hqe_id", "job_id", "update_status", "created_on", "payload"]
+    fields = tuple(readonly_fields)
 
     @admin.display(description="status")
     def update_status(self, obj: OutboxEntry) -> SafeString:
@@ -227,8 +244,8 @@ class OutboxAdmin(ReadOnlyAdmin):
 class DeadLetterAdmin(ReadOnlyAdmin):
     list_display = ["seq", "hqe_id", "job_id", "update_status", "error", "created_on"]
     search_fields = ["=hqe_id", "=job_id", "error"]
-    fields = ["seq", "hqe_id", "job_id", "update_status", "error", "created_on", "payload"]
-    readonly_fields = fields
+    readonly_fields = ["seq", "hqe_id", "job_id", "update_status", "error", "created_on", "payload"]
+    fields = tuple(readonly_fields)
 
     @admin.display(description="status")
     def update_status(self, obj: DeadLetter) -> SafeString:

@@ -40,7 +40,8 @@ def jittered(interval: float) -> float:
 
 
 def backoff(interval: float, failures: int) -> float:
-    return min(MAX_BACKOFF_S, max(interval, 1.0) * 2 ** min(failures, 16))
+    factor: int = 2 ** min(failures, 16)
+    return min(MAX_BACKOFF_S, max(interval, 1.0) * factor)
 
 
 def master_session(token: str) -> requests.Session:

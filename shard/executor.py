@@ -277,7 +277,7 @@ class LocalExecutor(Executor):
         if self._tracker is None:
             from django.conf import settings
 
-            self._tracker = detect(self._tracking or getattr(settings, "FLEETSHARD_PROCESS_TRACKING", "auto"))
+            self._tracker = detect(self._tracking or str(getattr(settings, "FLEETSHARD_PROCESS_TRACKING", "auto")))
         return self._tracker
 
     def describe(self) -> str:
@@ -308,9 +308,6 @@ class LocalExecutor(Executor):
     @staticmethod
     def _popen(spec: RunSpec, group: Group, stdout_fd: int) -> subprocess.Popen[bytes]:
         join_fd = group.join_fd()
-        user: dict[str, object] = {}
-        if spec.user is not None:
-            user = {"user": spec.user.uid, "group": spec.user.gid, "extra_groups": []}
 
         def join() -> None:
             # Runs in the child before exec (after it took the job user; the fd was opened by the
@@ -328,7 +325,9 @@ class LocalExecutor(Executor):
             start_new_session=True,
             close_fds=True,
             preexec_fn=join if join_fd is not None else None,  # noqa: PLW1509
-            **user,  # type: ignore[arg-type]
+            user=spec.user.uid if spec.user is not None else None,
+            group=spec.user.gid if spec.user is not None else None,
+            extra_groups=[] if spec.user is not None else None,
         )
 
     def runners(self) -> list[str]:

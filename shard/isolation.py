@@ -65,7 +65,8 @@ def hide_environ() -> bool:
     if libc_name is None:
         return False
     libc = ctypes.CDLL(libc_name, use_errno=True)
-    return libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
+    result: int = libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    return result == 0
 
 
 def describe_job_user(user: JobUser | None) -> str:

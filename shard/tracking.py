@@ -108,6 +108,8 @@ class ProcessGroup(Group):
 
 
 class Cgroup(Group):
+    path: Path
+
     def __init__(self, path: Path, kind: str) -> None:
         self.path = path
         self.kind = kind

@@ -33,3 +33,12 @@ def test_ci_script_runs_the_readme_test_command_on_both_databases():
     assert "make test" in readme
     assert 'DATABASE_URL="$PG_URL" make test' in script and "env -u DATABASE_URL make test" in script
     assert "scripts/check_postgres.py" in script
+
+
+def test_ci_script_runs_the_linters_and_type_checks_first():
+    script = (ROOT / ".ci" / "run").read_text()
+    makefile = (ROOT / "Makefile").read_text()
+    assert "make lint" in script
+    assert script.index("make lint") < script.index("make test")
+    lint = makefile.split("\nlint:", 1)[1].split("\n\n", 1)[0]
+    assert "ruff check" in lint and "ruff format --check" in lint and "mypy" in lint

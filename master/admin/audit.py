@@ -20,8 +20,8 @@ class AuditRecordAdmin(admin.ModelAdmin):
     list_filter = ["action"]
     search_fields = ["actor", "reason", "targets__name"]
     date_hierarchy = "at"
-    fields = ["at", "actor", "user", "action", "objects", "reason", "details"]
-    readonly_fields = fields
+    readonly_fields = ["at", "actor", "user", "action", "objects", "reason", "details"]
+    fields = tuple(readonly_fields)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[AuditRecord]:
         return super().get_queryset(request).prefetch_related(Prefetch("targets", AuditTarget.objects.order_by("id")))

@@ -114,7 +114,8 @@ class ServiceAdmin(admin.ModelAdmin):
         API, the command line, the admin), where Django's own history would show only the admin's."""
         obj = self.get_object(request, object_id)
         if obj is None:
-            return self._get_obj_does_not_exist_redirect(request, self.model._meta, object_id)
+            # A private ModelAdmin helper (the same redirect as Django's own views), absent from the stubs.
+            return self._get_obj_does_not_exist_redirect(request, self.model._meta, object_id)  # type: ignore[attr-defined]
         if not self.has_view_or_change_permission(request, obj):
             raise PermissionDenied
         opts = self.model._meta

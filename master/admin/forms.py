@@ -18,15 +18,15 @@ def split_names(text: str) -> list[str]:
 
 
 class LabelChoiceField(forms.ModelChoiceField):
-    def label_from_instance(self, obj: Label) -> str:  # type: ignore[override]
-        return f"{obj.name} (shard {obj.shard.hostname})" if obj.shard_id else obj.name  # type: ignore[union-attr]
+    def label_from_instance(self, obj: Label) -> str:
+        return f"{obj.name} (shard {obj.shard.hostname})" if obj.shard is not None else obj.name
 
 
 class LabelMultipleChoiceField(forms.ModelMultipleChoiceField):
     widget = forms.SelectMultiple(attrs={"size": 8})
 
-    def label_from_instance(self, obj: Label) -> str:  # type: ignore[override]
-        return f"{obj.name} (shard {obj.shard.hostname})" if obj.shard_id else obj.name  # type: ignore[union-attr]
+    def label_from_instance(self, obj: Label) -> str:
+        return f"{obj.name} (shard {obj.shard.hostname})" if obj.shard is not None else obj.name
 
 
 def _labels() -> Any:

@@ -22,8 +22,17 @@ class HostAdmin(HostColumns, ServiceAdmin):
     list_filter = ["status", "shard", "labels", "locked"]
     search_fields = ["hostname"]
     list_select_related = ["shard"]
-    fields = ["hostname", "status_badge", "shard", "label_list", "locked", "lock_reason", "attributes", "version"]
-    readonly_fields = fields
+    readonly_fields = [
+        "hostname",
+        "status_badge",
+        "shard",
+        "label_list",
+        "locked",
+        "lock_reason",
+        "attributes",
+        "version",
+    ]
+    fields = tuple(readonly_fields)
     actions = ["lock_hosts", "unlock_hosts", "add_label", "remove_label", "delete_hosts"]
     add_form = HostCreateForm
 

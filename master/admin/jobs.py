@@ -49,7 +49,7 @@ class JobAdmin(JobColumns, ServiceAdmin):
     search_fields = ["name", "owner"]
     list_select_related = ["shard"]
     date_hierarchy = None
-    fields = [
+    readonly_fields = [
         "id",
         "name",
         "owner",
@@ -66,7 +66,7 @@ class JobAdmin(JobColumns, ServiceAdmin):
         "version",
         "created_on",
     ]
-    readonly_fields = fields
+    fields = tuple(readonly_fields)
     inlines = [HQEInline]
     actions = ["abort_jobs"]
 

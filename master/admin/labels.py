@@ -21,8 +21,8 @@ class LabelAdmin(ServiceAdmin):
     list_filter = ["shard"]
     search_fields = ["name"]
     list_select_related = ["shard"]
-    fields = ["name", "shard", "hosts_ready"]
-    readonly_fields = fields
+    readonly_fields = ["name", "shard", "hosts_ready"]
+    fields = tuple(readonly_fields)
     actions = ["delete_labels"]
     add_form = LabelCreateForm
 

@@ -12,11 +12,11 @@ from django.utils import timezone
 from django.utils.safestring import SafeString
 
 from common.admin_ui import age, badge
-from common.models import Label, Shard
+from common.models import Label, Shard, offline_after_s
 from master import services
 from master.admin.base import ServiceAdmin, form_action, listed, names_of, only_one, with_moves
 from master.admin.forms import LabelForm, LabelsForm, ShardCreateForm
-from master.overview import annotate_shards, host_badges, offline_after_s
+from master.overview import annotate_shards, host_badges
 
 
 class OnlineFilter(admin.SimpleListFilter):
@@ -50,7 +50,7 @@ class ShardAdmin(ServiceAdmin):
     ]
     list_filter = [OnlineFilter]
     search_fields = ["hostname"]
-    fields = [
+    readonly_fields = [
         "hostname",
         "state",
         "heartbeat",
@@ -69,7 +69,7 @@ class ShardAdmin(ServiceAdmin):
         "instance_since",
         "created_on",
     ]
-    readonly_fields = fields
+    fields = tuple(readonly_fields)
     actions = ["add_labels", "remove_label", "delete_shards"]
     add_form = ShardCreateForm
 

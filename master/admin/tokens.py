@@ -37,8 +37,8 @@ class TokenAdmin(ServiceAdmin):
     list_filter = [TokenKindFilter]
     search_fields = ["prefix", "description", "user__username", "shard__hostname"]
     list_select_related = ["user", "shard"]
-    fields = ["prefix_shown", "owner", "description", "created_on", "last_used"]
-    readonly_fields = fields
+    readonly_fields = ["prefix_shown", "owner", "description", "created_on", "last_used"]
+    fields = tuple(readonly_fields)
     actions = ["revoke_tokens"]
     add_form = TokenCreateForm
     add_submit = "Create token"

@@ -5,6 +5,7 @@ DRF's JSONParser does not catch (a 500). `common.wire.loads` turns that, and any
 than 32 levels, into an error that names the body: here a 400.
 """
 
+from collections.abc import Mapping
 from typing import Any
 
 from rest_framework.exceptions import ParseError
@@ -16,7 +17,7 @@ from common.wire import WireError, loads
 class BoundedJSONParser(JSONParser):
     """DRF's JSONParser, refusing bodies nested deeper than 32 levels and bodies that are not UTF-8."""
 
-    def parse(self, stream: Any, media_type: str | None = None, parser_context: dict[str, Any] | None = None) -> Any:
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Mapping[str, Any] | None = None) -> Any:
         raw = stream.read() if stream is not None else b""
         try:
             text = raw.decode("utf-8")

@@ -84,7 +84,9 @@ def _storable(value: str) -> str:
 
 
 class LabelSerializer(serializers.ModelSerializer):
-    shard = serializers.SlugRelatedField(slug_field="hostname", read_only=True, allow_null=True)
+    shard: serializers.SlugRelatedField[Shard] = serializers.SlugRelatedField(
+        slug_field="hostname", read_only=True, allow_null=True
+    )
 
     class Meta:
         model = Label
@@ -92,8 +94,12 @@ class LabelSerializer(serializers.ModelSerializer):
 
 
 class HostSerializer(serializers.ModelSerializer):
-    shard = serializers.SlugRelatedField(slug_field="hostname", read_only=True, allow_null=True)
-    labels = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
+    shard: serializers.SlugRelatedField[Shard] = serializers.SlugRelatedField(
+        slug_field="hostname", read_only=True, allow_null=True
+    )
+    labels: serializers.SlugRelatedField[Label] = serializers.SlugRelatedField(
+        slug_field="name", many=True, read_only=True
+    )
     status = serializers.ChoiceField(choices=HostStatus.ALL, read_only=True)
     attributes = serializers.DictField(child=serializers.CharField(), read_only=True)
 
@@ -104,8 +110,12 @@ class HostSerializer(serializers.ModelSerializer):
 
 
 class ShardSerializer(serializers.ModelSerializer):
-    labels = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
-    hosts = serializers.SlugRelatedField(slug_field="hostname", many=True, read_only=True)
+    labels: serializers.SlugRelatedField[Label] = serializers.SlugRelatedField(
+        slug_field="name", many=True, read_only=True
+    )
+    hosts: serializers.SlugRelatedField[Host] = serializers.SlugRelatedField(
+        slug_field="hostname", many=True, read_only=True
+    )
     status = serializers.ChoiceField(choices=["online", "offline"], read_only=True)
 
     class Meta:
@@ -128,14 +138,18 @@ class _FailureField(serializers.ChoiceField):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(choices=FailureClass.ALL, allow_null=True, read_only=True, **kwargs)
 
-    def to_representation(self, value: str) -> str | None:
+    def to_representation(self, value: str) -> str | None:  # type: ignore[override]  # the stubs leave out null
         return value or None
 
 
 class HQESerializer(serializers.ModelSerializer):
     failure = _FailureField(help_text="Why a Failed entry failed: test (non-zero exit), timeout or infra.")
-    host = serializers.SlugRelatedField(slug_field="hostname", read_only=True, allow_null=True)
-    meta_host = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
+    host: serializers.SlugRelatedField[Host] = serializers.SlugRelatedField(
+        slug_field="hostname", read_only=True, allow_null=True
+    )
+    meta_host: serializers.SlugRelatedField[Label] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True, allow_null=True
+    )
 
     class Meta:
         model = HostQueueEntry
@@ -144,10 +158,18 @@ class HQESerializer(serializers.ModelSerializer):
 
 
 class JobSerializer(serializers.ModelSerializer):
-    shard = serializers.SlugRelatedField(slug_field="hostname", read_only=True, allow_null=True)
-    dependency_labels = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
+    shard: serializers.SlugRelatedField[Shard] = serializers.SlugRelatedField(
+        slug_field="hostname", read_only=True, allow_null=True
+    )
+    dependency_labels: serializers.SlugRelatedField[Label] = serializers.SlugRelatedField(
+        slug_field="name", many=True, read_only=True
+    )
     keyvals = serializers.DictField(child=serializers.CharField(), read_only=True)
-    parent = serializers.PrimaryKeyRelatedField(read_only=True, allow_null=True)
+    # Declared fields named like a Field attribute (parent, label): the stubs see a clash, but DRF's
+    # serializer metaclass takes them out of the class, so they never shadow Field.parent or Field.label.
+    parent: serializers.PrimaryKeyRelatedField[Job] = serializers.PrimaryKeyRelatedField(  # type: ignore[assignment]
+        read_only=True, allow_null=True
+    )
     hqes = HQESerializer(many=True, read_only=True)
 
     class Meta:
@@ -215,7 +237,7 @@ class LabelDeletionSerializer(serializers.Serializer):
 
 
 class LabelHostsSerializer(serializers.Serializer):
-    label = serializers.CharField(read_only=True)
+    label = serializers.CharField(read_only=True)  # type: ignore[assignment]  # a declared field (see JobSerializer)
     hosts = HostSerializer(many=True, read_only=True, help_text="The hosts named, as they are now.")
     hosts_moved = _moves()
 
@@ -332,7 +354,7 @@ class ShardLabelsSerializer(serializers.Serializer):
 
 
 class ShardLabelSerializer(serializers.Serializer):
-    label = serializers.CharField(max_length=255)
+    label = serializers.CharField(max_length=255)  # type: ignore[assignment]  # a declared field (see JobSerializer)
 
 
 class ShardHostnamesSerializer(serializers.Serializer):
@@ -389,7 +411,7 @@ class JobCreateSerializer(serializers.Serializer):
         min_value=1, max_value=INT32_MAX, required=False, default=DEFAULT_MAX_RUNTIME_MINS
     )
     keyvals = _StringMap(required=False, default=dict)
-    parent = serializers.IntegerField(min_value=1, max_value=INT64_MAX, required=False, allow_null=True, default=None)
+    parent = serializers.IntegerField(min_value=1, max_value=INT64_MAX, required=False, allow_null=True, default=None)  # type: ignore[assignment]  # a declared field (see JobSerializer)
 
     def validate_meta_hosts(self, value: list[str]) -> list[tuple[str, int]]:
         return [pair for text in value for pair in parse_meta_hosts(text)]

@@ -2,7 +2,7 @@
 master.services, so the API, the admin and the command line refuse the same things the same way."""
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db.models import Count, Model, Prefetch, QuerySet
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
@@ -41,6 +41,9 @@ def _path_name(value: str, kind: str) -> str:
     return value
 
 
+_M = TypeVar("_M", bound=Model)
+
+
 def _in_order(objects: QuerySet, key: str, order: Sequence[Any]) -> list[Any]:
     by_key = {getattr(obj, key): obj for obj in objects}
     return [by_key[k] for k in dict.fromkeys(order) if k in by_key]
@@ -59,7 +62,7 @@ class _Base(viewsets.GenericViewSet):
         if bad:
             raise ValidationError({key: ["Null characters are not allowed."] for key in bad})
 
-    def _object(self, obj: Model) -> Model:
+    def _object(self, obj: _M) -> _M:
         self.check_object_permissions(self.request, obj)
         return obj
 

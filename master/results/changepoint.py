@@ -133,7 +133,8 @@ def clipped(y: np.ndarray, sigma: float) -> np.ndarray:
         med[h : n - h] = np.sort(sliding_window_view(y, 2 * h + 1), axis=1)[:, h]
     for i in [*range(min(h, n)), *range(max(h, n - h), n)]:
         med[i] = _median(y[max(0, i - h) : i + h + 1])
-    return np.clip(y, med - CLIP_SIGMAS * sigma, med + CLIP_SIGMAS * sigma)
+    kept: np.ndarray = np.clip(y, med - CLIP_SIGMAS * sigma, med + CLIP_SIGMAS * sigma)
+    return kept
 
 
 def _cuts(y: np.ndarray, sigma: float, threshold: float, min_after: int) -> list[tuple[int, float]]:

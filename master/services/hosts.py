@@ -2,7 +2,6 @@
 
 from collections.abc import Sequence
 
-from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import transaction
 from django.db.models import F
 
@@ -10,7 +9,7 @@ from common.constants import HQEStatus
 from common.errors import FleetshardError, Refused
 from common.models import Host, HostQueueEntry
 from master.assignment import shard_for_labels
-from master.audit import record
+from master.audit import ActingUser, record
 from master.services.shared import (
     check_names,
     check_new_names,
@@ -26,7 +25,7 @@ from master.services.shared import (
 def create_hosts(
     hostnames: Sequence[str],
     *,
-    acting_user: AbstractBaseUser | None,
+    acting_user: ActingUser,
     labels: Sequence[str] = (),
     attributes: dict[str, str] | None = None,
     locked: bool = False,
@@ -63,7 +62,7 @@ def create_hosts(
 
 
 @transaction.atomic
-def delete_hosts(hostnames: Sequence[str], *, acting_user: AbstractBaseUser | None) -> None:
+def delete_hosts(hostnames: Sequence[str], *, acting_user: ActingUser) -> None:
     hosts = get_hosts(check_names("host", hostnames), lock=True)
     busy = (
         HostQueueEntry.objects.filter(host__in=hosts, status__in=HQEStatus.ACTIVE)
@@ -78,7 +77,7 @@ def delete_hosts(hostnames: Sequence[str], *, acting_user: AbstractBaseUser | No
 
 
 @transaction.atomic
-def lock_hosts(hostnames: Sequence[str], reason: str = "", *, acting_user: AbstractBaseUser | None) -> list[Host]:
+def lock_hosts(hostnames: Sequence[str], reason: str = "", *, acting_user: ActingUser) -> list[Host]:
     check_text("the lock reason", reason, "reason", max_length=1024)
     hosts = get_hosts(check_names("host", hostnames), lock=True)
     Host.objects.filter(id__in=[h.id for h in hosts]).update(locked=True, lock_reason=reason, version=F("version") + 1)
@@ -87,7 +86,7 @@ def lock_hosts(hostnames: Sequence[str], reason: str = "", *, acting_user: Abstr
 
 
 @transaction.atomic
-def unlock_hosts(hostnames: Sequence[str], *, acting_user: AbstractBaseUser | None) -> list[Host]:
+def unlock_hosts(hostnames: Sequence[str], *, acting_user: ActingUser) -> list[Host]:
     hosts = get_hosts(check_names("host", hostnames), lock=True)
     Host.objects.filter(id__in=[h.id for h in hosts]).update(locked=False, lock_reason="", version=F("version") + 1)
     record("host.unlock", acting_user=acting_user, targets=hosts)

@@ -4,7 +4,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import transaction
 from django.db.models import F
 
@@ -18,7 +17,7 @@ from common.constants import (
 from common.errors import FleetshardError, NotFound, Refused
 from common.models import HostQueueEntry, Job
 from master.assignment import HQESpec, check_capacity, route_job
-from master.audit import record
+from master.audit import ActingUser, record
 from master.services.shared import INT32_MAX, check_names, check_string_map, check_text, get_hosts, get_labels
 
 
@@ -69,7 +68,7 @@ def _check_priority(value: object) -> int:
 
 
 @transaction.atomic
-def create_job(req: JobRequest, *, acting_user: AbstractBaseUser | None) -> Job:
+def create_job(req: JobRequest, *, acting_user: ActingUser) -> Job:
     """Creates a job routed to the one shard that can run all of it.
 
     Refused (nothing created) when the job is malformed, asks for more than
@@ -156,7 +155,7 @@ def create_job(req: JobRequest, *, acting_user: AbstractBaseUser | None) -> Job:
 
 
 @transaction.atomic
-def abort_jobs(job_ids: Sequence[int], *, acting_user: AbstractBaseUser | None) -> list[Job]:
+def abort_jobs(job_ids: Sequence[int], *, acting_user: ActingUser) -> list[Job]:
     """Marks jobs aborted; the shard kills or cancels their HQEs and reports them Aborted."""
     ids = list(dict.fromkeys(job_ids))
     if not ids:

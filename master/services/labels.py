@@ -3,13 +3,12 @@
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import transaction
 
 from common.constants import JobStatus
 from common.errors import FleetshardError, Refused
 from common.models import Host, HostQueueEntry, Job, Label
-from master.audit import moves_detail, record
+from master.audit import ActingUser, moves_detail, record
 from master.services.shared import (
     HostMove,
     bump_hosts,
@@ -31,7 +30,7 @@ class HostsChange:
 
 
 @transaction.atomic
-def create_labels(names: Sequence[str], *, acting_user: AbstractBaseUser | None) -> list[Label]:
+def create_labels(names: Sequence[str], *, acting_user: ActingUser) -> list[Label]:
     names = check_new_names("label", names)
     existing = list(Label.objects.filter(name__in=names).values_list("name", flat=True))
     if existing:
@@ -42,7 +41,7 @@ def create_labels(names: Sequence[str], *, acting_user: AbstractBaseUser | None)
 
 
 @transaction.atomic
-def delete_labels(names: Sequence[str], *, acting_user: AbstractBaseUser | None) -> list[HostMove]:
+def delete_labels(names: Sequence[str], *, acting_user: ActingUser) -> list[HostMove]:
     """Deletes labels unused by active jobs; returns the hosts that left a shard with them."""
     labels = get_labels(check_names("label", names), lock=True)
     for label in labels:
@@ -62,9 +61,7 @@ def delete_labels(names: Sequence[str], *, acting_user: AbstractBaseUser | None)
 
 
 @transaction.atomic
-def add_label_to_hosts(
-    label_name: str, hostnames: Sequence[str], *, acting_user: AbstractBaseUser | None
-) -> HostsChange:
+def add_label_to_hosts(label_name: str, hostnames: Sequence[str], *, acting_user: ActingUser) -> HostsChange:
     (label,) = get_labels(check_names("label", [label_name]))
     hosts = get_hosts(check_names("host", hostnames), lock=True)
     changed = [h for h in hosts if label not in h.labels.all()]
@@ -81,9 +78,7 @@ def add_label_to_hosts(
 
 
 @transaction.atomic
-def remove_label_from_hosts(
-    label_name: str, hostnames: Sequence[str], *, acting_user: AbstractBaseUser | None
-) -> HostsChange:
+def remove_label_from_hosts(label_name: str, hostnames: Sequence[str], *, acting_user: ActingUser) -> HostsChange:
     (label,) = get_labels(check_names("label", [label_name]))
     hosts = get_hosts(check_names("host", hostnames), lock=True)
     without = [h.hostname for h in hosts if label not in h.labels.all()]

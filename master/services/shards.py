@@ -3,7 +3,6 @@
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
@@ -12,7 +11,7 @@ from common.constants import HQEStatus, JobStatus
 from common.errors import FleetshardError, Refused
 from common.jobstatus import refresh_job_statuses
 from common.models import Host, HostQueueEntry, Job, Label, Shard
-from master.audit import moves_detail, record
+from master.audit import ActingUser, moves_detail, record
 from master.services.shared import HostMove, check_names, check_new_names, get_labels, get_shard, reassign
 from master.tokens import issue_token
 
@@ -34,9 +33,7 @@ class ShardDeletion:
 
 
 @transaction.atomic
-def create_shard(
-    hostname: str, labels: Sequence[str] = (), *, acting_user: AbstractBaseUser | None
-) -> tuple[Shard, str]:
+def create_shard(hostname: str, labels: Sequence[str] = (), *, acting_user: ActingUser) -> tuple[Shard, str]:
     """Creates a shard and its token; the raw token is returned once and never stored."""
     (hostname,) = check_new_names("shard", [hostname])
     if Shard.objects.filter(hostname=hostname).exists():
@@ -76,9 +73,7 @@ def _give_labels(shard: Shard, label_names: Sequence[str]) -> tuple[list[Label],
 
 
 @transaction.atomic
-def add_labels_to_shard(
-    hostname: str, label_names: Sequence[str], *, acting_user: AbstractBaseUser | None
-) -> ShardChange:
+def add_labels_to_shard(hostname: str, label_names: Sequence[str], *, acting_user: ActingUser) -> ShardChange:
     """Gives labels to a shard; the hosts with them join it. A fixed number of queries, however many hosts."""
     shard = get_shard(hostname, lock=True)
     labels, moves, moved = _give_labels(shard, label_names)
@@ -92,7 +87,7 @@ def add_labels_to_shard(
 
 
 @transaction.atomic
-def remove_label_from_shard(hostname: str, label_name: str, *, acting_user: AbstractBaseUser | None) -> ShardChange:
+def remove_label_from_shard(hostname: str, label_name: str, *, acting_user: ActingUser) -> ShardChange:
     """Takes a label from a shard; returns the hosts that left the shard with it."""
     shard = get_shard(hostname, lock=True)
     (label,) = get_labels(check_names("label", [label_name]), lock=True)
@@ -111,7 +106,7 @@ def remove_label_from_shard(hostname: str, label_name: str, *, acting_user: Abst
 
 
 @transaction.atomic
-def delete_shards(hostnames: Sequence[str], *, acting_user: AbstractBaseUser | None) -> ShardDeletion:
+def delete_shards(hostnames: Sequence[str], *, acting_user: ActingUser) -> ShardDeletion:
     """Unassigns the shards' labels and hosts; their active jobs can no longer run, so they end Aborted.
 
     Returns the hosts that left the shards and the jobs aborted."""

@@ -163,8 +163,8 @@ def reassign(hosts: Iterable[Host]) -> list[HostMove]:
             after[host.id] = shard
     if not moving:
         return []
-    before_ids = {h.shard_id for group in moving.values() for h in group} - {None}
-    names = dict(Shard.objects.filter(id__in=before_ids).values_list("id", "hostname"))
+    before_ids = {h.shard_id for group in moving.values() for h in group if h.shard_id is not None}
+    names: dict[int | None, str] = dict(Shard.objects.filter(id__in=before_ids).values_list("id", "hostname"))
     moves = []
     for shard_id, group in moving.items():
         Host.objects.filter(id__in=[h.id for h in group]).update(shard_id=shard_id, version=F("version") + 1)

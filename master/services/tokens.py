@@ -1,11 +1,10 @@
 """API tokens: a person's (creating the user if missing) or a shard's, and revoking them."""
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import transaction
 
 from common.errors import FleetshardError, NotFound
-from master.audit import record
+from master.audit import ActingUser, record
 from master.models import Token
 from master.services.shared import get_shard
 from master.tokens import issue_token
@@ -13,7 +12,7 @@ from master.tokens import issue_token
 
 @transaction.atomic
 def create_personal_token(
-    username: str, *, acting_user: AbstractBaseUser | None, admin: bool = False, description: str = ""
+    username: str, *, acting_user: ActingUser, admin: bool = False, description: str = ""
 ) -> tuple[Token, str]:
     """Creates the user if missing (staff and superuser with admin) and a new token, returned once."""
     if not username or len(username) > 150:
@@ -34,9 +33,7 @@ def create_personal_token(
 
 
 @transaction.atomic
-def create_shard_token(
-    hostname: str, *, acting_user: AbstractBaseUser | None, description: str = ""
-) -> tuple[Token, str]:
+def create_shard_token(hostname: str, *, acting_user: ActingUser, description: str = "") -> tuple[Token, str]:
     """Another heartbeat token for a shard (to rotate one: create, deploy, then revoke the old)."""
     shard = get_shard(hostname)
     token, raw = issue_token(shard=shard, description=(description or f"heartbeat token of {hostname}")[:255])
@@ -45,7 +42,7 @@ def create_shard_token(
 
 
 @transaction.atomic
-def revoke_token(token_id: int, *, acting_user: AbstractBaseUser | None) -> None:
+def revoke_token(token_id: int, *, acting_user: ActingUser) -> None:
     token = Token.objects.select_related("user", "shard").filter(id=token_id).first()
     if token is None:
         raise NotFound(f"unknown token {token_id}", field="id")

@@ -86,7 +86,8 @@ def _date(value: object, r: Reader) -> tuple[datetime, bool]:
         raise r.fail("context.date", "required")
     if isinstance(value, str) and (match := _NAIVE_DATE.fullmatch(value)):
         try:
-            naive = datetime(*(int(part) for part in match.groups()), tzinfo=UTC)  # type: ignore[misc]
+            year, month, day, hour, minute, second = (int(part) for part in match.groups())
+            naive = datetime(year, month, day, hour, minute, second, tzinfo=UTC)
         except ValueError as exc:
             raise r.fail("context.date", f"not a date: {exc}") from None
         return r.start(naive, "context.date"), True
@@ -135,7 +136,11 @@ def _collapse(reps: list[ParsedEntry]) -> ParsedEntry:
     extras: dict[str, float | str] = dict(reps[0].extras)
     for key, value in extras.items():
         if isinstance(value, float):
-            typical = median(lambda rep, key=key: _float(rep.extras.get(key)))
+
+            def extra(rep: ParsedEntry, key: str = key) -> float | None:
+                return _float(rep.extras.get(key))
+
+            typical = median(extra)
             extras[key] = value if typical is None else typical
     extras["repetitions"] = float(len(reps))
     return ParsedEntry(
