@@ -161,9 +161,9 @@ def job_stat(run: Run, job_id: int) -> None:
 
 
 def quarantined(hqes: list[dict[str, Any]]) -> str:
-    """Result files the master refused: the run's measurements a person would otherwise miss."""
+    """Result files the master refused, and why: the job still completed, its numbers did not arrive."""
     lines = [
-        f"  entry {hqe['id']}: {item['name']}: {item['reason']}"
+        f"  entry {hqe['id']} ({hqe.get('host') or '-'}): {item['name']}: {item['reason']}"
         for hqe in hqes
         for item in hqe.get("quarantined") or []
     ]
