@@ -115,6 +115,15 @@ class Chart:
         }
 
 
+def seconds(value: float) -> str:
+    """A time per iteration in the unit that shows it best (the chart's axis uses the same)."""
+    size = abs(value)
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if size >= scale or size == 0:
+            return f"{value / scale:.4g} {unit}"
+    return f"{value / 1e-9:.4g} ns"
+
+
 def chart_of(test: str, entry: str) -> Chart:
     """Two queries: the newest MAX_POINTS timings (along the series index), and the entry's regressions."""
     rows = list(queries.timings(test, entry)[: MAX_POINTS + 1])
@@ -132,6 +141,9 @@ def chart_of(test: str, entry: str) -> Chart:
         )
     series = [{"label": label, "points": points} for label, points in sorted(by_label.items())]
     found = list(queries.regressions(test).filter(entry=entry).order_by("start", "id"))
+    for regression in found:
+        regression.before_shown = seconds(regression.before_s)  # type: ignore[attr-defined]
+        regression.after_shown = seconds(regression.after_s)  # type: ignore[attr-defined]
     return Chart(series, found, min(len(rows), MAX_POINTS), truncated)
 
 

@@ -49,12 +49,15 @@ for i in range(40):
     level = 2.0e-6 if i < 28 else 2.5e-6
     upload({TEST!r}, t0 + timedelta(hours=6 * i), kelpie, {{{ENTRY!r}: level * noise, "BM_sort": 1e-3}})
     upload({TEST!r}, t0 + timedelta(hours=6 * i + 3), oriole, {{{ENTRY!r}: 3.1e-6 * noise}})
-result = {{"kelpie_job": kelpie.job_id, "oriole_job": oriole.job_id}}
+from master.models import Regression
+step = Regression.objects.get(test={TEST!r}, entry={ENTRY!r})
+result = {{"kelpie_job": kelpie.job_id, "oriole_job": oriole.job_id, "change_pct": round(step.change_pct, 2),
+           "start": f"{{step.start:%Y-%m-%d %H:%M:%S}}"}}
 """
 
 
 @pytest.fixture(scope="module")
-def bench_world(master_server: Master) -> dict[str, int]:
+def bench_world(master_server: Master) -> dict[str, Any]:
     return master_server.shell(WORLD)
 
 
@@ -73,7 +76,7 @@ def page(chromium: Any, master_server: Master) -> Any:
 
 
 def test_from_the_front_page_to_a_chart_of_two_boards_with_a_regression_and_a_click_to_the_job(
-    master_server: Master, bench_world: dict[str, int], page: Any
+    master_server: Master, bench_world: dict[str, Any], page: Any
 ) -> None:
     from playwright.sync_api import expect
 
@@ -96,10 +99,11 @@ def test_from_the_front_page_to_a_chart_of_two_boards_with_a_regression_and_a_cl
     expect(legend).to_contain_text("board:kelpie")
     expect(legend).to_contain_text("board:oriole")
     # The regression on kelpie is drawn at its start, and listed under the chart.
-    markers = page.evaluate("fsChart.fsMarkers.map(r => [r.label, r.status, Math.round(r.change_pct)])")
-    assert markers == [["board:kelpie", "new", 25]]
+    markers = page.evaluate("fsChart.fsMarkers.map(r => [r.label, r.status, r.change_pct])")
+    assert markers == [["board:kelpie", "new", bench_world["change_pct"]]]
+    assert bench_world["start"] == "2026-03-08 00:00:00"  # the first slow run: the 29th, 6 hours apart
     expect(page.locator("#fs-regressions .fs-regression")).to_have_count(1)
-    expect(page.locator("#fs-regressions")).to_contain_text("2026-03-08 00:00:00")
+    expect(page.locator("#fs-regressions")).to_contain_text(bench_world["start"])
     # The canvas holds the drawing: many painted pixels in each series' color.
     painted = page.evaluate(
         """() => {
@@ -118,17 +122,18 @@ def test_from_the_front_page_to_a_chart_of_two_boards_with_a_regression_and_a_cl
     screenshot(page, "admin-benchmarks.png")
     page.wait_for_function("window.fsChart !== undefined")
 
-    # Hover then click the last oriole point: the page names its run, then opens its job.
+    # Hover then click an oriole point: the page names its run, then opens its job.
     x, y = page.evaluate(
         """() => {
           const u = fsChart, ys = u.data[2];
-          let i = ys.length - 1;
-          while (ys[i] == null) i--;
+          let i = Math.floor(ys.length / 2);
+          while (ys[i] == null) i++;
           const box = u.over.getBoundingClientRect();
           return [box.left + u.valToPos(u.data[0][i], "x"), box.top + u.valToPos(ys[i], "y")];
         }"""
     )
-    page.mouse.move(x, y)
+    page.mouse.move(x - 30, y + 30)
+    page.mouse.move(x, y, steps=5)
     expect(page.locator("#fs-chart-hover")).to_contain_text("board:oriole")
     expect(page.locator("#fs-chart-hover")).to_contain_text("oriole-01")
     page.mouse.click(x, y)

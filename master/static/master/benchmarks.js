@@ -71,6 +71,8 @@
             ctx.setLineDash([]);
             ctx.fillStyle = color;
             ctx.font = "bold " + Math.round(11 * dpr) + "px sans-serif";
+            ctx.textAlign = "left";
+            ctx.textBaseline = "alphabetic";
             var sign = r.change_pct >= 0 ? "+" : "";
             ctx.fillText(sign + r.change_pct.toFixed(1) + "% " + r.status, x + 4 * dpr, top + 12 * dpr);
             ctx.restore();

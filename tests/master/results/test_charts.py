@@ -12,6 +12,7 @@ from django.utils.http import urlencode
 
 from common.models import HostQueueEntry
 from master.models import Regression, TestRun
+from master.results.charts import seconds
 from master.results.ingest import store_result_file
 from tests.master.results.factories import hour, stepped, tf_file
 
@@ -186,3 +187,11 @@ def test_query_counts_are_pinned(fleet, two_boards, operator, django_assert_num_
     )
     with django_assert_num_queries(expected):
         assert operator.get(path).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [(2.5, "2.5 s"), (0.0125, "12.5 ms"), (2.4e-6, "2.4 µs"), (3.25e-9, "3.25 ns"), (0.0, "0 s")],
+)
+def test_times_show_in_the_unit_that_fits(value, shown):
+    assert seconds(value) == shown
