@@ -148,7 +148,26 @@ def job_stat(run: Run, job_id: int) -> None:
         ("Parent", "parent"),
         ("Aborted", "aborted"),
     ]
-    run.done(obj, lambda: fields(obj, keys) + "\n\n" + table(obj["hqes"], HQE_COLUMNS) + log_tails(obj["hqes"]))
+    run.done(
+        obj,
+        lambda: (
+            fields(obj, keys)
+            + "\n\n"
+            + table(obj["hqes"], HQE_COLUMNS)
+            + quarantined(obj["hqes"])
+            + log_tails(obj["hqes"])
+        ),
+    )
+
+
+def quarantined(hqes: list[dict[str, Any]]) -> str:
+    """Result files the master refused, and why: the job still completed, its numbers did not arrive."""
+    lines = [
+        f"  entry {hqe['id']} ({hqe.get('host') or '-'}): {item['name']}: {item['reason']}"
+        for hqe in hqes
+        for item in hqe.get("quarantined") or []
+    ]
+    return "\n\nQuarantined result files:\n" + "\n".join(lines) if lines else ""
 
 
 def log_tails(hqes: list[dict[str, Any]], lines: int = 20) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from django.contrib.auth.base_user import AbstractBaseUser
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
@@ -67,31 +67,52 @@ def _check_series(
             if reg.status == RegressionStatus.NEW and reg.start != starts[step.index]:
                 clash = any(r.start == starts[step.index] for r in known)
                 if not clash:
-                    reg.start, reg.run_id = starts[step.index], points[step.index][2]
-                    reg.before_s, reg.after_s, reg.change_pct = step.before, step.after, step.change_pct
-                    reg.save(update_fields=["start", "run", "before_s", "after_s", "change_pct"])
+                    _refine(reg, step, starts[step.index], points[step.index][2])
             continue
-        known.append(
-            Regression.objects.create(
-                test=test,
-                entry=entry,
-                label=label,
-                start=starts[step.index],
-                before_s=step.before,
-                after_s=step.after,
-                change_pct=step.change_pct,
-                run_id=points[step.index][2],
-                detected_on=now,
-            )
-        )
+        try:
+            with transaction.atomic():  # a concurrent upload to the series may raise the same step
+                created = Regression.objects.create(
+                    test=test,
+                    entry=entry,
+                    label=label,
+                    start=starts[step.index],
+                    before_s=step.before,
+                    after_s=step.after,
+                    change_pct=step.change_pct,
+                    run_id=points[step.index][2],
+                    detected_on=now,
+                )
+        except IntegrityError:
+            continue
+        known.append(created)
     for reg in known:
         index = index_of.get(reg.start)
         if reg.status not in OPEN_STATUSES or index is None:
             continue
         as_step = Step(index, reg.before_s, reg.after_s, reg.change_pct, 0.0)
         if fixed_at(values, as_step) is not None:
-            reg.status, reg.fixed_on = RegressionStatus.FIXED, now
-            reg.save(update_fields=["status", "fixed_on"])
+            # Only while still open: a person's status set meanwhile wins.
+            Regression.objects.filter(id=reg.id, status__in=OPEN_STATUSES).update(
+                status=RegressionStatus.FIXED, fixed_on=now
+            )
+
+
+def _refine(reg: Regression, step: Step, start: datetime, run_id: int) -> None:
+    """Moves a `new` regression to where the longer series places its step."""
+    try:
+        with transaction.atomic():
+            Regression.objects.filter(id=reg.id).update(
+                start=start, run_id=run_id, before_s=step.before, after_s=step.after, change_pct=step.change_pct
+            )
+    except IntegrityError:
+        return  # a concurrent upload placed another regression there
+    reg.start, reg.run_id, reg.before_s, reg.after_s, reg.change_pct = (
+        start,
+        run_id,
+        step.before,
+        step.after,
+        step.change_pct,
+    )
 
 
 def parse_status(value: str) -> RegressionStatus:

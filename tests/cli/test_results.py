@@ -109,3 +109,17 @@ def test_results_errors(cli, server, stored):
     fails(cli("results", "set-status", str(reg.id), "gone"), "'gone' is not one of", code=2)
     fails(cli("results", "tests", "--since", "yesterday"), "invalid since 'yesterday'")
     assert Regression.objects.get().status == "new"
+
+
+def test_job_stat_shows_quarantined_result_files(cli, fleet):
+    from master.results.formats import ResultFormatError
+    from master.results.ingest import record_rejection
+
+    job = fleet.job()
+    hqe = HostQueueEntry.objects.get(job=job)
+    record_rejection(hqe, "broken.json", b"{", ResultFormatError("broken.json", "startTime", "not a number"))
+    out = ok(cli("job", "stat", str(job.id))).stdout
+    assert f"Quarantined result files:\n  entry {hqe.id} (-): broken.json: broken.json: startTime: not a number" in out
+    (shown,) = json.loads(ok(cli("job", "stat", str(job.id), "--json")).stdout)["hqes"]
+    assert shown["quarantined"] == [{"name": "broken.json", "reason": "broken.json: startTime: not a number"}]
+    assert shown["results"] == 0

@@ -80,3 +80,36 @@ def test_a_bad_status_or_id_is_refused_naming_it():
         set_regression_status(999999, "fixed", acting_user=None)
     reg.refresh_from_db()
     assert reg.status == "new" and not AuditRecord.objects.filter(action="regression.set_status").exists()
+
+
+@pytest.mark.postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_uploads_racing_on_one_series_raise_its_regression_once():
+    """Two files completing the same step, uploaded at once: both stored, one regression."""
+    import threading
+
+    from django.db import connection
+
+    values = stepped(30, 12)
+    for i, value in enumerate(values[:-2]):
+        store_result_file(tf_file("t", hour(i), {"e": value}), f"{i}.json", acting_user=None)
+    Regression.objects.all().delete()
+    barrier = threading.Barrier(2)
+    errors = []
+
+    def go(i):
+        try:
+            barrier.wait()
+            store_result_file(tf_file("t", hour(i), {"e": values[i]}), f"{i}.json", acting_user=None)
+        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in (40, 41)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and TestRun.objects.count() == 42
+    assert Regression.objects.count() == 1
