@@ -5,6 +5,9 @@ that call the same service as the API and the CLI."""
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.http import urlencode
 
 from common.errors import FleetshardError
 from master.admin.base import ServiceAdmin
@@ -12,9 +15,15 @@ from master.models import Regression, RegressionStatus, RejectedResult, TestEntr
 from master.results.regressions import set_regression_status
 
 
+def chart_link(test: str, entry: str, text: str = "chart") -> str:
+    """A link to the Benchmarks chart of one entry (names escaped: they come from uploaded files)."""
+    query = urlencode({"test": test, "entry": entry})
+    return format_html('<a href="{}?{}">{}</a>', reverse("benchmarks-chart"), query, text)
+
+
 class TestEntryInline(admin.TabularInline):
     model = TestEntry
-    fields = ["entry", "wall_time_s", "cpu_time_s", "iterations", "throughput", "extras"]
+    fields = ["entry", "chart", "wall_time_s", "cpu_time_s", "iterations", "throughput", "extras"]
     readonly_fields = fields
     extra = 0
     can_delete = False
@@ -22,6 +31,10 @@ class TestEntryInline(admin.TabularInline):
 
     def has_add_permission(self, request: HttpRequest, obj: TestRun | None = None) -> bool:
         return False
+
+    @admin.display(description="timings")
+    def chart(self, obj: TestEntry) -> str:
+        return chart_link(obj.test, obj.entry)
 
 
 @admin.register(TestRun)
@@ -33,6 +46,7 @@ class TestRunAdmin(ServiceAdmin):
     date_hierarchy = "start"
     fields = [
         "test",
+        "benchmarks",
         "start",
         "format",
         "label",
@@ -49,6 +63,11 @@ class TestRunAdmin(ServiceAdmin):
     ]
     readonly_fields = fields
     inlines = [TestEntryInline]
+
+    @admin.display(description="benchmarks")
+    def benchmarks(self, obj: TestRun) -> str:
+        url = f"{reverse('benchmarks-entries')}?{urlencode({'test': obj.test})}"
+        return format_html('<a href="{}">this test\'s entries, each charted over time</a>', url)
 
 
 @admin.register(Regression)
@@ -68,9 +87,14 @@ class RegressionAdmin(ServiceAdmin):
         "detected_on",
         "fixed_on",
         "run",
+        "chart",
     ]
     readonly_fields = fields
     actions = ["mark_acknowledged", "mark_invalid", "mark_fixed", "mark_new"]
+
+    @admin.display(description="chart")
+    def chart(self, obj: Regression) -> str:
+        return chart_link(obj.test, obj.entry, "this entry's timings over time")
 
     @admin.display(description="change", ordering="change_pct")
     def change_shown(self, obj: Regression) -> str:

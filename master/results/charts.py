@@ -1,0 +1,170 @@
+"""The admin's Benchmarks pages: tests, a test's entries, and one entry's timings charted over time,
+one line per board label, with its regressions marked and each point linked to its run's job.
+
+Names come from uploaded files, so they are never trusted: they travel in query parameters (a name
+may hold any character), are escaped by the templates, and reach the chart's script only through
+`json_script`. Each page costs a fixed number of queries, whatever the number of runs.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, Max
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.html import format_html
+
+from master.results import queries
+from master.results.models import OPEN_STATUSES, Regression, TestEntry
+
+# The newest points a chart draws; older ones are left out and the page says so.
+MAX_POINTS = 5000
+
+
+def _allowed(request: HttpRequest) -> None:
+    """Staff reach these pages through the admin's login check; results also need their view right."""
+    if not request.user.has_perm("master.view_testrun"):
+        raise PermissionDenied
+
+
+def _param(request: HttpRequest, name: str) -> str | None:
+    value = request.GET.get(name, "")
+    return value if value else None
+
+
+def _page(request: HttpRequest, template: str, title: str, **context: Any) -> TemplateResponse:
+    return TemplateResponse(
+        request, template, {**admin.site.each_context(request), "title": title, "subtitle": None, **context}
+    )
+
+
+def _missing(name: str) -> HttpResponse:
+    return HttpResponseBadRequest(format_html("missing query parameter {}: name the test (and entry) to show", name))
+
+
+def tests_page(request: HttpRequest) -> HttpResponse:
+    """Every test with its runs and latest start, and how many regressions are still open."""
+    _allowed(request)
+    rows = list(queries.tests())
+    open_counts = dict(
+        Regression.objects.filter(status__in=OPEN_STATUSES)
+        .order_by()
+        .values("test")
+        .annotate(n=Count("id"))
+        .values_list("test", "n")
+    )
+    for row in rows:
+        row["open_regressions"] = open_counts.get(row["test"], 0)
+    return _page(request, "master/benchmarks/tests.html", "Benchmarks", tests=rows)
+
+
+def entries_page(request: HttpRequest) -> HttpResponse:
+    """A test's entries, each with its number of timings, latest start, board labels and open regressions."""
+    _allowed(request)
+    test = _param(request, "test")
+    if test is None:
+        return _missing("test")
+    rows = list(
+        TestEntry.objects.filter(test=test)
+        .order_by()
+        .values("entry")
+        .annotate(points=Count("id"), latest_start=Max("start"), boards=Count("label", distinct=True))
+        .order_by("entry")
+    )
+    if not rows:
+        raise Http404(f"no runs of test {test!r}")
+    open_counts = dict(
+        Regression.objects.filter(test=test, status__in=OPEN_STATUSES)
+        .order_by()
+        .values("entry")
+        .annotate(n=Count("id"))
+        .values_list("entry", "n")
+    )
+    for row in rows:
+        row["open_regressions"] = open_counts.get(row["entry"], 0)
+    return _page(request, "master/benchmarks/entries.html", test, test=test, entries=rows)
+
+
+@dataclass
+class Chart:
+    """What the chart's script draws, as plain JSON: one series per board label, oldest point first."""
+
+    series: list[dict[str, Any]]
+    regressions: list[Regression]
+    points: int
+    truncated: bool
+
+    def data(self, test: str, entry: str) -> dict[str, Any]:
+        return {
+            "test": test,
+            "entry": entry,
+            "series": self.series,
+            "regressions": [
+                {
+                    "label": r.label,
+                    "start": r.start.timestamp(),
+                    "change_pct": round(r.change_pct, 2),
+                    "status": r.status,
+                    "url": reverse("admin:master_regression_change", args=[r.id]),
+                }
+                for r in self.regressions
+            ],
+        }
+
+
+def seconds(value: float) -> str:
+    """A time per iteration in the unit that shows it best (the chart's axis uses the same)."""
+    size = abs(value)
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if size >= scale or size == 0:
+            return f"{value / scale:.4g} {unit}"
+    return f"{value / 1e-9:.4g} ns"
+
+
+def chart_of(test: str, entry: str) -> Chart:
+    """Two queries: the newest MAX_POINTS timings (along the series index), and the entry's regressions."""
+    rows = list(queries.timings(test, entry)[: MAX_POINTS + 1])
+    truncated = len(rows) > MAX_POINTS
+    by_label: dict[str, list[list[Any]]] = {}
+    for row in reversed(rows[:MAX_POINTS]):
+        job_id = row.run.job_id
+        by_label.setdefault(row.label, []).append(
+            [
+                row.start.timestamp(),
+                row.wall_time_s,
+                reverse("admin:common_job_change", args=[job_id]) if job_id is not None else None,
+                row.run.host.hostname if row.run.host is not None else None,
+            ]
+        )
+    series = [{"label": label, "points": points} for label, points in sorted(by_label.items())]
+    found = list(queries.regressions(test).filter(entry=entry).order_by("start", "id"))
+    for regression in found:
+        regression.before_shown = seconds(regression.before_s)  # type: ignore[attr-defined]
+        regression.after_shown = seconds(regression.after_s)  # type: ignore[attr-defined]
+    return Chart(series, found, min(len(rows), MAX_POINTS), truncated)
+
+
+def chart_page(request: HttpRequest) -> HttpResponse:
+    """One entry's wall time per iteration over time; a click on a point opens the run's job."""
+    _allowed(request)
+    test, entry = _param(request, "test"), _param(request, "entry")
+    if test is None:
+        return _missing("test")
+    if entry is None:
+        return _missing("entry")
+    chart = chart_of(test, entry)
+    if not chart.points:
+        raise Http404(f"no timings of entry {entry!r} of test {test!r}")
+    return _page(
+        request,
+        "master/benchmarks/chart.html",
+        f"{test} / {entry}",
+        test=test,
+        entry=entry,
+        chart=chart,
+        chart_data=chart.data(test, entry),
+        max_points=MAX_POINTS,
+    )
