@@ -5,19 +5,19 @@
 
 import importlib.util
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import click
 
 from cli.action import Run, action
-from cli.output import table, when
+from cli.output import Column, table, when
 
 STATUSES = ("new", "acknowledged", "invalid", "fixed")
 SPARKS = "▁▂▃▄▅▆▇█"
 
-TEST_COLUMNS = [("Test", "test"), ("Runs", "runs"), ("Latest start", when("latest_start"))]
-RUN_COLUMNS = [
+TEST_COLUMNS: list[Column] = [("Test", "test"), ("Runs", "runs"), ("Latest start", when("latest_start"))]
+RUN_COLUMNS: list[Column] = [
     ("Id", "id"),
     ("Start", when("start")),
     ("Entries", "entries"),
@@ -26,7 +26,7 @@ RUN_COLUMNS = [
     ("Host", "host"),
     ("Shard", "shard"),
 ]
-TIMING_COLUMNS = [
+TIMING_COLUMNS: list[Column] = [
     ("Start", when("start")),
     ("Wall s", lambda r: _seconds(r["wall_time_s"])),
     ("CPU s", lambda r: _seconds(r["cpu_time_s"])),
@@ -35,7 +35,7 @@ TIMING_COLUMNS = [
     ("Host", "host"),
     ("Job", "job"),
 ]
-REGRESSION_COLUMNS = [
+REGRESSION_COLUMNS: list[Column] = [
     ("Id", "id"),
     ("Test", "test"),
     ("Entry", "entry"),
@@ -47,13 +47,16 @@ REGRESSION_COLUMNS = [
     ("Status", "status"),
 ]
 
+F = TypeVar("F", bound=Callable[..., Any])
+
 SINCE = click.option("--since", metavar="WHEN", help="Only since an ISO time or within an age (90m, 24h, 7d).")
 
 
-def _limit(default: int) -> Any:
-    return click.option(
+def _limit(default: int) -> Callable[[F], F]:
+    option: Callable[[F], F] = click.option(
         "--limit", type=click.IntRange(min=0), default=default, show_default=True, help="Newest N; 0: all."
     )
+    return option
 
 
 def _seconds(value: float | None) -> str | None:

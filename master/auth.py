@@ -50,7 +50,7 @@ class PersonalTokenAuthentication(authentication.BaseAuthentication):
         token = find_token(raw)
         if token is None:
             raise exceptions.AuthenticationFailed("unknown or revoked token")
-        if token.user_id is None and self.shard_tokens:
+        if token.shard is not None and self.shard_tokens:
             touch(token)
             return ShardPrincipal(token.shard), token
         user = token.user

@@ -23,8 +23,8 @@ def chart_link(test: str, entry: str, text: str = "chart") -> str:
 
 class TestEntryInline(admin.TabularInline):
     model = TestEntry
-    fields = ["entry", "chart", "wall_time_s", "cpu_time_s", "iterations", "throughput", "extras"]
-    readonly_fields = fields
+    readonly_fields = ["entry", "chart", "wall_time_s", "cpu_time_s", "iterations", "throughput", "extras"]
+    fields = tuple(readonly_fields)
     extra = 0
     can_delete = False
     show_change_link = False
@@ -44,7 +44,7 @@ class TestRunAdmin(ServiceAdmin):
     search_fields = ["test", "label"]
     list_select_related = ["job", "host", "shard", "uploaded_by"]
     date_hierarchy = "start"
-    fields = [
+    readonly_fields = [
         "test",
         "benchmarks",
         "start",
@@ -61,7 +61,7 @@ class TestRunAdmin(ServiceAdmin):
         "digest",
         "info",
     ]
-    readonly_fields = fields
+    fields = tuple(readonly_fields)
     inlines = [TestEntryInline]
 
     @admin.display(description="benchmarks")
@@ -75,7 +75,7 @@ class RegressionAdmin(ServiceAdmin):
     list_display = ["test", "entry", "label", "start", "before_s", "after_s", "change_shown", "status", "detected_on"]
     list_filter = ["status"]
     search_fields = ["test", "entry", "label"]
-    fields = [
+    readonly_fields = [
         "test",
         "entry",
         "label",
@@ -89,7 +89,7 @@ class RegressionAdmin(ServiceAdmin):
         "run",
         "chart",
     ]
-    readonly_fields = fields
+    fields = tuple(readonly_fields)
     actions = ["mark_acknowledged", "mark_invalid", "mark_fixed", "mark_new"]
 
     @admin.display(description="chart")
@@ -132,8 +132,8 @@ class RejectedResultAdmin(ServiceAdmin):
     list_display = ["name", "hqe", "job", "reason", "created_on"]
     search_fields = ["name", "reason"]
     list_select_related = ["hqe__job"]
-    fields = ["name", "hqe", "job", "digest", "reason", "created_on"]
-    readonly_fields = fields
+    readonly_fields = ["name", "hqe", "job", "digest", "reason", "created_on"]
+    fields = tuple(readonly_fields)
 
     @admin.display(description="job")
     def job(self, obj: RejectedResult) -> str:

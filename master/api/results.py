@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.errors import FleetshardError, NotFound
-from common.models import HostQueueEntry
+from common.models import Host, HostQueueEntry, Job, Shard
 from master.api.filters import parse_since
 from master.api.permissions import AdminPermissionsOrReadOnly
 from master.api.schema import FleetshardAutoSchema
@@ -38,12 +38,20 @@ class ResultTestSerializer(serializers.Serializer):
 
 
 class RunSerializer(serializers.ModelSerializer):
-    host = serializers.SlugRelatedField(slug_field="hostname", read_only=True, allow_null=True)
-    shard = serializers.SlugRelatedField(slug_field="hostname", read_only=True, allow_null=True)
-    job = serializers.PrimaryKeyRelatedField(read_only=True, allow_null=True)
-    hqe = serializers.PrimaryKeyRelatedField(read_only=True, allow_null=True)
+    host: serializers.SlugRelatedField[Host] = serializers.SlugRelatedField(
+        slug_field="hostname", read_only=True, allow_null=True
+    )
+    shard: serializers.SlugRelatedField[Shard] = serializers.SlugRelatedField(
+        slug_field="hostname", read_only=True, allow_null=True
+    )
+    job: serializers.PrimaryKeyRelatedField[Job] = serializers.PrimaryKeyRelatedField(read_only=True, allow_null=True)
+    hqe: serializers.PrimaryKeyRelatedField[HostQueueEntry] = serializers.PrimaryKeyRelatedField(
+        read_only=True, allow_null=True
+    )
     entries = serializers.IntegerField(source="entry_count", read_only=True, help_text="How many entries it has.")
-    label = serializers.CharField(read_only=True, help_text="The host's board label at run time; '' for uploads.")
+    label = serializers.CharField(  # type: ignore[assignment]  # a declared field (see JobSerializer)
+        read_only=True, help_text="The host's board label at run time; '' for uploads."
+    )
 
     class Meta:
         model = TestRun

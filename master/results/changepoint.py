@@ -111,7 +111,7 @@ def residual_level(y: np.ndarray, cuts: list[tuple[int, float]]) -> float:
 
 def _median(a: np.ndarray) -> float:
     """np.median of a short array without its overhead (it runs after every upload, per series)."""
-    s = sorted(a.tolist())
+    s: list[float] = sorted(a.tolist())
     n = len(s)
     return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 

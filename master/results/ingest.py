@@ -4,11 +4,11 @@ regressions in the series the run touched. The upload endpoint and the tests cal
 import hashlib
 from dataclasses import dataclass
 
-from django.contrib.auth.base_user import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 
 from common.models import HostQueueEntry, Shard
-from master.audit import record
+from master.audit import ActingUser, record
 from master.results.formats import ParsedRun, ResultFormatError, parse_result_file
 from master.results.formats.records import clean_info
 from master.results.models import RejectedResult, TestEntry, TestRun
@@ -39,7 +39,7 @@ def store_result_file(
     *,
     hqe: HostQueueEntry | None = None,
     shard: Shard | None = None,
-    acting_user: AbstractBaseUser | None,
+    acting_user: ActingUser,
 ) -> StoredRun:
     """Stores one result file, once: the same bytes for the same test and start return the run stored
     before (created False), also when two identical uploads race. A file from a shard comes with its
@@ -67,7 +67,7 @@ def store_result_file(
         hqe=hqe,
         host=host,
         shard=shard,
-        uploaded_by=acting_user if shard is None else None,
+        uploaded_by=acting_user if shard is None and isinstance(acting_user, User) else None,
         entry_count=len(parsed.entries),
     )
     try:

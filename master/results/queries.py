@@ -3,6 +3,7 @@ timings of one entry, regressions). Each returns a queryset the API paginates, s
 fixed number of queries."""
 
 from datetime import datetime
+from typing import Any
 
 from django.db.models import Count, Max, QuerySet
 
@@ -11,19 +12,19 @@ from master.results.models import Regression, RegressionStatus, TestEntry, TestR
 TIMING_FIELDS = ("test", "entry", "start", "wall_time_s", "cpu_time_s", "iterations", "label", "run_id")
 
 
-def tests(since: datetime | None = None) -> QuerySet:
+def tests(since: datetime | None = None) -> QuerySet[TestRun, dict[str, Any]]:
     """Rows of `test`, `runs` and `latest_start`, by test name."""
     runs = TestRun.objects.all() if since is None else TestRun.objects.filter(start__gte=since)
     return runs.order_by().values("test").annotate(runs=Count("id"), latest_start=Max("start")).order_by("test")
 
 
-def runs(test: str, since: datetime | None = None) -> QuerySet:
+def runs(test: str, since: datetime | None = None) -> QuerySet[TestRun]:
     """A test's runs, newest first, with their job, host and shard."""
     found = TestRun.objects.filter(test=test).select_related("host", "shard")
     return (found if since is None else found.filter(start__gte=since)).order_by("-start", "-id")
 
 
-def timings(test: str, entry: str, *, label: str | None = None, since: datetime | None = None) -> QuerySet:
+def timings(test: str, entry: str, *, label: str | None = None, since: datetime | None = None) -> QuerySet[TestEntry]:
     """One entry's timings, newest first, read along the (test, entry, start) index."""
     found = TestEntry.objects.filter(test=test, entry=entry)
     if label is not None:
@@ -37,7 +38,7 @@ def timings(test: str, entry: str, *, label: str | None = None, since: datetime 
     )
 
 
-def regressions(test: str | None = None, status: RegressionStatus | None = None) -> QuerySet:
+def regressions(test: str | None = None, status: RegressionStatus | None = None) -> QuerySet[Regression]:
     """Regressions, most recently detected first."""
     found = Regression.objects.all()
     if test is not None:

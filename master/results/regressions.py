@@ -11,14 +11,13 @@ from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime
 
-from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.db.models import F, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from common.errors import FleetshardError, NotFound
-from master.audit import record
+from master.audit import ActingUser, record
 from master.results.changepoint import Step, detect_steps, fixed_at
 from master.results.models import OPEN_STATUSES, Regression, RegressionStatus, TestEntry
 
@@ -40,7 +39,8 @@ def detect_after_upload(test: str, label: str, entries: Sequence[str], now: date
         .values_list("entry", "start", "wall_time_s", "run_id")
     )
     for entry, start, wall, run_id in rows:
-        series[entry].append((start, wall, run_id))
+        if wall is not None:  # excluded by the query; narrows the type
+            series[entry].append((start, wall, run_id))
     known: dict[str, list[Regression]] = defaultdict(list)
     for reg in Regression.objects.filter(test=test, label=label, entry__in=list(series)):
         known[reg.entry].append(reg)
@@ -124,7 +124,7 @@ def parse_status(value: str) -> RegressionStatus:
 
 
 @transaction.atomic
-def set_regression_status(regression_id: int, status: str, *, acting_user: AbstractBaseUser | None) -> Regression:
+def set_regression_status(regression_id: int, status: str, *, acting_user: ActingUser) -> Regression:
     """Sets a regression's status (a person's triage: acknowledged, invalid, or fixed by hand), audited."""
     new = parse_status(status)
     reg = Regression.objects.select_for_update().filter(id=regression_id).first()
