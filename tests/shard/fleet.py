@@ -141,18 +141,34 @@ def master_hqes(master: Master, job_ids: list[int]) -> list[tuple[Any, ...]]:
 
 
 def overlaps(results_roots: list[Path]) -> tuple[int, list[str]]:
-    """Reads the start/end files the TIMED jobs wrote; returns (runs seen, overlapping pairs per host)."""
+    """Reads the start/end files the TIMED jobs wrote; returns (runs seen, problems per host).
+
+    A problem is two runs of one host that overlap, or a run that started but left no end: such a
+    run is named with its directory and its log (which says why: killed, `date` failed...), since
+    its end is unknown and could hide an overlap.
+    """
     runs: dict[str, list[tuple[int, int]]] = {}
+    bad = []
     for root in results_roots:
-        for start_file in root.glob("*/*/start"):
+        for start_file in sorted(root.glob("*/*/start")):
             end_file = start_file.with_name("end")
             hostname, start = start_file.read_text().split()
-            end = int(end_file.read_text()) if end_file.exists() else 2**63
+            if end_file.exists():
+                end = int(end_file.read_text())
+            else:
+                end = 2**63
+                bad.append(f"{start_file.parent}: started at {start}, no end file; {_log_of(start_file.parent)}")
             runs.setdefault(hostname, []).append((int(start), end))
-    bad = []
     for hostname, spans in runs.items():
         spans.sort()
         for (s1, e1), (s2, e2) in zip(spans, spans[1:], strict=False):
             if s2 < e1:
                 bad.append(f"{hostname}: [{s1}, {e1}] and [{s2}, {e2}]")
     return sum(len(s) for s in runs.values()), bad
+
+
+def _log_of(run_dir: Path) -> str:
+    try:
+        return f"job.log: {(run_dir / 'job.log').read_text(errors='replace')[-2000:]!r}"
+    except OSError as exc:
+        return f"job.log unreadable: {exc}"
