@@ -24,8 +24,8 @@ from shard.workspace import run_log_tail
 log = logging.getLogger(__name__)
 
 
-def _start_time(pid: int) -> str | None:
-    fields = proc_stat(pid)
+def _start_time(pid: int, *, gone_only: bool = False) -> str | None:
+    fields = proc_stat(pid, gone_only=gone_only)
     return fields[19] if len(fields) > 19 and fields[0] != "Z" else None
 
 
@@ -45,7 +45,10 @@ def runner_alive(runner: str) -> bool:
         return False
     if machine != socket.gethostname():
         return True
-    return _start_time(pid_number) == start
+    try:
+        return _start_time(pid_number, gone_only=True) == start
+    except OSError:
+        return True  # unknown is not dead: its runs must not be closed and killed on a failed read
 
 
 def close_abandoned_hqe(hqe: HostQueueEntry, why: str) -> None:

@@ -40,15 +40,21 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", text).lstrip(".") or "_"
 
 
-def proc_stat(pid: int | str) -> list[str]:
+def proc_stat(pid: int | str, *, gone_only: bool = False) -> list[str]:
     """The fields of /proc/PID/stat after the command name (state first); [] when the process is gone.
 
     The command name (field 2) may hold spaces and parentheses: the split is after its closing one.
+    With `gone_only`, a read that failed for another reason (no file descriptors left, no memory)
+    raises instead of passing for "gone": for a caller that would kill what it believes dead.
     """
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read().decode(errors="replace")
+    except (FileNotFoundError, ProcessLookupError):
+        return []
     except OSError:
+        if gone_only:
+            raise
         return []
     return stat[stat.rfind(")") + 2 :].split()
 
