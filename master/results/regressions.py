@@ -4,7 +4,9 @@ After each upload the detector (master.results.changepoint) reads the newest `WI
 touched (test, entry, label) series, so its cost per upload is bounded however long the history.
 A step up becomes a `new` regression, once: a later upload that places the same step a point or two
 away refines it while it is still `new`. An open one (`new` or `acknowledged`) whose series steps
-back down becomes `fixed`.
+back down becomes `fixed`. A `new` one the longer series no longer shows (a few slow points that
+were noise, or a step now placed farther away) is withdrawn: deleted, as nobody has triaged it and
+the four statuses are DESIGN.md's; one a person has triaged is left alone.
 """
 
 from collections import defaultdict
@@ -55,15 +57,15 @@ def _check_series(
     starts = [p[0] for p in points]
     values = [p[1] for p in points]
     steps = detect_steps(values)
-    if not steps:
-        return
     index_of = {start: i for i, start in enumerate(starts)}
+    shown: set[int] = set()  # the known regressions this run of the detector still finds
     for step in steps:
         if not step.is_regression:
             continue
         near = [r for r in known if abs(index_of.get(r.start, -(10**9)) - step.index) <= SAME_STEP_POINTS]
         if near:
             reg = near[0]
+            shown.add(reg.id)
             if reg.status == RegressionStatus.NEW and reg.start != starts[step.index]:
                 clash = any(r.start == starts[step.index] for r in known)
                 if not clash:
@@ -85,16 +87,22 @@ def _check_series(
         except IntegrityError:
             continue
         known.append(created)
+        shown.add(created.id)
+    withdrawn = []
     for reg in known:
         index = index_of.get(reg.start)
         if reg.status not in OPEN_STATUSES or index is None:
-            continue
+            continue  # one older than the window is judged no more
         as_step = Step(index, reg.before_s, reg.after_s, reg.change_pct, 0.0)
         if fixed_at(values, as_step) is not None:
             # Only while still open: a person's status set meanwhile wins.
             Regression.objects.filter(id=reg.id, status__in=OPEN_STATUSES).update(
                 status=RegressionStatus.FIXED, fixed_on=now
             )
+        elif reg.status == RegressionStatus.NEW and reg.id not in shown:
+            withdrawn.append(reg.id)
+    if withdrawn:
+        Regression.objects.filter(id__in=withdrawn, status=RegressionStatus.NEW).delete()
 
 
 def _refine(reg: Regression, step: Step, start: datetime, run_id: int) -> None:

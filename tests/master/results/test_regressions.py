@@ -36,10 +36,12 @@ def test_a_step_down_is_not_a_regression():
     assert not Regression.objects.exists()
 
 
-def test_an_open_regression_is_fixed_when_the_series_steps_back():
+@pytest.mark.parametrize("status", ["new", "acknowledged"])
+def test_an_open_regression_is_fixed_when_the_series_steps_back(status):
     upload_series(stepped(30, 10))
     reg = Regression.objects.get()
-    set_regression_status(reg.id, "acknowledged", acting_user=None)
+    if status != "new":
+        set_regression_status(reg.id, status, acting_user=None)
     upload_series(stepped(30, 10, n_back=10)[40:], offset=40)
     reg.refresh_from_db()
     assert reg.status == "fixed" and reg.fixed_on is not None
@@ -52,6 +54,39 @@ def test_an_invalid_regression_stays_invalid_and_is_not_raised_again():
     set_regression_status(reg.id, "invalid", acting_user=None)
     upload_series(stepped(30, 20)[40:], offset=40)
     assert list(Regression.objects.values_list("status", flat=True)) == ["invalid"]
+
+
+def brief_slowdown() -> tuple[list[float], list[float]]:
+    """Four points 7% slower raise a regression; the points after them, 3% slower, show it was less
+    than the 5% minimum all along."""
+    return stepped(30, 4, after=1.07), [1.03 * v for v in stepped(0, 12, after=1.0)]
+
+
+def test_a_new_regression_the_longer_series_no_longer_shows_is_withdrawn():
+    first, rest = brief_slowdown()
+    upload_series(first)
+    assert list(Regression.objects.values_list("start", "status")) == [(hour(30), "new")]
+    upload_series(rest, offset=len(first))
+    assert not Regression.objects.exists()
+
+
+@pytest.mark.parametrize("status", ["acknowledged", "invalid", "fixed"])
+def test_a_regression_a_person_triaged_is_not_withdrawn(status):
+    first, rest = brief_slowdown()
+    upload_series(first)
+    reg = Regression.objects.get()
+    set_regression_status(reg.id, status, acting_user=None)
+    upload_series(rest, offset=len(first))
+    assert list(Regression.objects.values_list("id", "status")) == [(reg.id, status)]
+
+
+def test_withdrawing_one_regression_leaves_the_series_other_regressions():
+    upload_series(stepped(30, 10, after=1.3), entry="e")
+    first, rest = brief_slowdown()
+    upload_series([1.3 * v for v in first], offset=40)  # 1.3 then 1.39: a second step on top of the first
+    assert list(Regression.objects.order_by("start").values_list("start", flat=True)) == [hour(30), hour(70)]
+    upload_series([1.3 * v for v in rest], offset=40 + len(first))
+    assert list(Regression.objects.values_list("start", "status")) == [(hour(30), "new")]
 
 
 def test_series_are_split_by_entry_and_test():
