@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from common.models import HostQueueEntry
 from master import services
-from master.models import AuditRecord, Regression, TestEntry
+from master.models import AuditRecord, Regression, RegressionStatus, TestEntry
 from master.results.ingest import store_result_file
 from tests.master.results.factories import hour, stepped, tf_file
 from tests.support import tokens_just_used
@@ -134,6 +134,9 @@ def test_a_regressions_status_needs_the_change_permission(fleet, user, staff):
     assert reg.status == "new"
 
 
+ACK = RegressionStatus.ACKNOWLEDGED
+
+
 @pytest.mark.parametrize(
     "url, expected",
     [
@@ -146,13 +149,14 @@ def test_a_regressions_status_needs_the_change_permission(fleet, user, staff):
 )
 def test_query_counts_are_pinned_for_one_row_and_many(fleet, staff, django_assert_num_queries, url, expected):
     store("t", hour(0), {"e": 1.0})
-    Regression.objects.create(test="t", entry="e", start=hour(0), before_s=1, after_s=2, change_pct=100)
+    # acknowledged: the detector after each upload withdraws a new one the flat series does not show
+    Regression.objects.create(test="t", entry="e", start=hour(0), before_s=1, after_s=2, change_pct=100, status=ACK)
     tokens_just_used()
     with django_assert_num_queries(expected):
         one = results(staff.get(url))
     for i in range(1, 30):
         store("t", hour(i), {"e": 1.0})
-        Regression.objects.create(test="t", entry="e", start=hour(i), before_s=1, after_s=2, change_pct=100)
+        Regression.objects.create(test="t", entry="e", start=hour(i), before_s=1, after_s=2, change_pct=100, status=ACK)
     tokens_just_used()
     with django_assert_num_queries(expected):
         many = results(staff.get(url))
