@@ -25,7 +25,7 @@ from pathlib import Path
 from common.constants import LOG_TAIL_BYTES
 from common.wire import clean_text
 from shard.isolation import JobUser, take_back
-from shard.tracking import PROCESS_GROUP, Cgroup, Group, Tracker, detect, group_members
+from shard.tracking import PROCESS_GROUP, TOP, Cgroup, Group, Tracker, detect, group_members
 
 DEFAULT_MAX_LOG_BYTES = 100 * 1024 * 1024
 COPY_CHUNK = 64 * 1024
@@ -277,7 +277,10 @@ class LocalExecutor(Executor):
         if self._tracker is None:
             from django.conf import settings
 
-            self._tracker = detect(self._tracking or str(getattr(settings, "FLEETSHARD_PROCESS_TRACKING", "auto")))
+            self._tracker = detect(
+                self._tracking or str(getattr(settings, "FLEETSHARD_PROCESS_TRACKING", "auto")),
+                str(getattr(settings, "FLEETSHARD_CGROUP_NAME", TOP)),
+            )
         return self._tracker
 
     def describe(self) -> str:

@@ -299,9 +299,9 @@ class Tracker:
         return len(groups)
 
 
-def _usable(kind: str, mount: Path) -> Path | None:
-    """The fleetshard cgroup under `mount` if this process can make and fill cgroups there."""
-    root = mount / TOP
+def _usable(kind: str, mount: Path, top: str) -> Path | None:
+    """The fleetshard cgroup `top` under `mount` if this process can make and fill cgroups there."""
+    root = mount / top
     probe = root / f"probe-{os.getpid()}"
     try:
         probe.mkdir(parents=True, exist_ok=True)
@@ -314,15 +314,19 @@ def _usable(kind: str, mount: Path) -> Path | None:
     return root if usable else None
 
 
-def detect(wanted: str = AUTO) -> Tracker:
-    """The best mechanism this machine allows (or `wanted`, when it is available)."""
+def detect(wanted: str = AUTO, top: str = TOP) -> Tracker:
+    """The best mechanism this machine allows (or `wanted`, when it is available), its cgroups under `top`.
+
+    Shards on one machine that name different tops never reap each other's runs."""
     if wanted not in MECHANISMS:
         raise ValueError(f"FLEETSHARD_PROCESS_TRACKING must be one of {', '.join(MECHANISMS)}, not {wanted!r}")
+    if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}", top):
+        raise ValueError(f"FLEETSHARD_CGROUP_NAME must be one directory name of letters, digits, . _ -, not {top!r}")
     if wanted != PROCESS_GROUP:
         for kind, mount in _candidates():
             if wanted not in (AUTO, kind):
                 continue
-            root = _usable(kind, mount)
+            root = _usable(kind, mount, top)
             if root is not None:
                 return Tracker(kind, root)
     if wanted not in (AUTO, PROCESS_GROUP):

@@ -27,6 +27,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=f"{why} (SQLite run)"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def own_cgroups() -> Any:
+    """The session's runs live under its own cgroup (common/settings/test.py); what is left there at
+    the end is killed and the cgroups removed, so sessions neither reap each other nor leave litter."""
+    yield
+    from django.conf import settings
+
+    from shard.tracking import MECHANISMS, detect, remove_cgroup
+
+    for mechanism in MECHANISMS[1:-1]:
+        tracker = detect(mechanism, settings.FLEETSHARD_CGROUP_NAME)
+        if tracker.root is not None and tracker.kind == mechanism:
+            for runner in tracker.runners():
+                tracker.kill_runner(runner)
+            remove_cgroup(tracker.root)
+
+
 class Fleet:
     """Two shards, each owning one board label, with hosts; the default world of master tests."""
 

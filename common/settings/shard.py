@@ -44,3 +44,5 @@ FLEETSHARD_MAX_LOG_BYTES = int(os.environ.get("FLEETSHARD_MAX_LOG_BYTES", str(10
 FLEETSHARD_RESULTS_RETENTION_DAYS = float(os.environ.get("FLEETSHARD_RESULTS_RETENTION_DAYS", "30"))
 # How a run's processes are tracked (shard/tracking.py): auto, cgroup2, freezer, pids or pgroup.
 FLEETSHARD_PROCESS_TRACKING = os.environ.get("FLEETSHARD_PROCESS_TRACKING", "auto")
+# The cgroup (under each cgroup mount) that holds this shard's runs; shards sharing a machine may share it.
+FLEETSHARD_CGROUP_NAME = os.environ.get("FLEETSHARD_CGROUP_NAME", "fleetshard")

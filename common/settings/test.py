@@ -7,6 +7,8 @@ loadable here. It answers as the master by default (ROOT_URLCONF, ROLE); shard t
 pyproject.toml's pytest section; processes a test starts (tests/e2e) use common.settings and a real role.
 """
 
+import os
+
 from common.settings.base import databases
 from common.settings.master import *  # noqa: F403
 from common.settings.master import INSTALLED_APPS as MASTER_APPS
@@ -17,3 +19,5 @@ ROLE = "master"
 DATABASES = databases(ROLE)
 ROOT_URLCONF = "master.urls"
 INSTALLED_APPS = [*MASTER_APPS, *(app for app in SHARD_APPS if app not in MASTER_APPS)]
+# Each test session reaps only its own runs: in the environment, so the shards its tests start agree.
+FLEETSHARD_CGROUP_NAME = os.environ.setdefault("FLEETSHARD_CGROUP_NAME", f"fleetshard-test-{os.getpid()}")

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, Max
+from django.db.models import Count, Max, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -45,19 +45,24 @@ def _missing(name: str) -> HttpResponse:
     return HttpResponseBadRequest(format_html("missing query parameter {}: name the test (and entry) to show", name))
 
 
+def _count_open_regressions(rows: list[dict[str, Any]], key: str, regressions: QuerySet[Regression]) -> None:
+    """Adds each row's number of `new` and `acknowledged` regressions, grouped by `key`, in one query."""
+    open_counts = dict(
+        regressions.filter(status__in=OPEN_STATUSES)
+        .order_by()
+        .values(key)
+        .annotate(n=Count("id"))
+        .values_list(key, "n")
+    )
+    for row in rows:
+        row["open_regressions"] = open_counts.get(row[key], 0)
+
+
 def tests_page(request: HttpRequest) -> HttpResponse:
     """Every test with its runs and latest start, and how many regressions are still open."""
     _allowed(request)
     rows = list(queries.tests())
-    open_counts = dict(
-        Regression.objects.filter(status__in=OPEN_STATUSES)
-        .order_by()
-        .values("test")
-        .annotate(n=Count("id"))
-        .values_list("test", "n")
-    )
-    for row in rows:
-        row["open_regressions"] = open_counts.get(row["test"], 0)
+    _count_open_regressions(rows, "test", Regression.objects.all())
     return _page(request, "master/benchmarks/tests.html", "Benchmarks", tests=rows)
 
 
@@ -76,15 +81,7 @@ def entries_page(request: HttpRequest) -> HttpResponse:
     )
     if not rows:
         raise Http404(f"no runs of test {test!r}")
-    open_counts = dict(
-        Regression.objects.filter(test=test, status__in=OPEN_STATUSES)
-        .order_by()
-        .values("entry")
-        .annotate(n=Count("id"))
-        .values_list("entry", "n")
-    )
-    for row in rows:
-        row["open_regressions"] = open_counts.get(row["entry"], 0)
+    _count_open_regressions(rows, "entry", Regression.objects.filter(test=test))
     return _page(request, "master/benchmarks/entries.html", test, test=test, entries=rows)
 
 

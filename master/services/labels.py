@@ -66,15 +66,7 @@ def add_label_to_hosts(label_name: str, hostnames: Sequence[str], *, acting_user
     hosts = get_hosts(check_names("host", hostnames), lock=True)
     changed = [h for h in hosts if label not in h.labels.all()]
     Host.labels.through.objects.bulk_create([Host.labels.through(host_id=h.id, label_id=label.id) for h in changed])
-    bump_hosts(changed)
-    moves = reassign(changed)
-    record(
-        "host.add_label",
-        acting_user=acting_user,
-        targets=[label, *hosts],
-        details={"label": label.name, "hosts_moved": moves_detail(moves)},
-    )
-    return HostsChange(get_hosts(hostnames), moves)
+    return _relabelled("host.add_label", label, hosts, changed, acting_user=acting_user)
 
 
 @transaction.atomic
@@ -85,12 +77,19 @@ def remove_label_from_hosts(label_name: str, hostnames: Sequence[str], *, acting
     if without:
         raise FleetshardError(f"label {label.name} is not on {plural('host', without)}", field="hosts")
     Host.labels.through.objects.filter(label_id=label.id, host_id__in=[h.id for h in hosts]).delete()
-    bump_hosts(hosts)
-    moves = reassign(hosts)
+    return _relabelled("host.remove_label", label, hosts, hosts, acting_user=acting_user)
+
+
+def _relabelled(
+    action: str, label: Label, hosts: list[Host], changed: list[Host], *, acting_user: ActingUser
+) -> HostsChange:
+    """After `label` went on or off `hosts`: the changed ones get new versions and maybe a new shard."""
+    bump_hosts(changed)
+    moves = reassign(changed)
     record(
-        "host.remove_label",
+        action,
         acting_user=acting_user,
         targets=[label, *hosts],
         details={"label": label.name, "hosts_moved": moves_detail(moves)},
     )
-    return HostsChange(get_hosts(hostnames), moves)
+    return HostsChange(get_hosts([h.hostname for h in hosts]), moves)

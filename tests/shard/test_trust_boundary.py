@@ -22,7 +22,7 @@ from shard.locks import shard_write
 from shard.models import OutboxEntry
 from shard.scheduler import Scheduler
 from shard.services import record_run, transition_hqe
-from shard.tracking import CGROUP_V2, FREEZER, PIDS, detect, process_state, slug
+from shard.tracking import CGROUP_V2, FREEZER, PIDS, detect, process_state, remove_cgroup, slug
 from shard.workspace import remove_old_results
 from tests.shard.world import ShardWorld, make_world
 from tests.support import wait_until
@@ -244,6 +244,34 @@ def test_a_dead_runners_cgroups_are_killed_by_recovery(tmp_path, db, request):
     proc.wait(10)
     assert processes_running(daemon) == []
     assert not group.path.parent.exists()
+
+
+def test_a_shard_never_reaps_the_runs_under_another_cgroup_name(tmp_path, db, request):
+    """Two shards on one machine with their own FLEETSHARD_CGROUP_NAME: a dead runner under the other's
+    name is not this shard's to kill (nor are its processes)."""
+    world = tracked_world(tmp_path, request, CGROUP_V2)
+    other = detect(CGROUP_V2, f"fleetshard-other-{uuid.uuid4().hex[:8]}")
+    assert other.root is not None and other.root != world.scheduler.executor.tracker.root
+    daemon = unique_sleep()
+    group = other.group(f"{os.uname().nodename}:999999999:0", "hqe-1")
+    fd = group.join_fd()
+    proc = subprocess.Popen(["/bin/sh", "-c", f"setsid {daemon} & sleep 300"], preexec_fn=lambda: os.write(fd, b"0"))  # noqa: PLW1509
+    group.started()
+    try:
+        wait_until(lambda: processes_running(daemon), what="the other shard's daemon")
+        world.scheduler.recover()
+        assert processes_running(daemon) != [] and proc.poll() is None
+    finally:
+        other.kill_runner(f"{os.uname().nodename}:999999999:0")
+        proc.wait(10)
+        remove_cgroup(other.root)
+    assert processes_running(daemon) == []
+
+
+@pytest.mark.parametrize("name", ["", "../escape", "a/b", ".hidden", "x" * 101, "nul\x00"])
+def test_a_cgroup_name_that_is_not_one_plain_directory_name_is_refused(name):
+    with pytest.raises(ValueError, match="FLEETSHARD_CGROUP_NAME must be one directory name"):
+        detect(CGROUP_V2, name)
 
 
 # Finding 5: bounds.
