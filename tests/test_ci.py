@@ -31,7 +31,8 @@ def test_ci_script_runs_the_readme_test_command_on_both_databases():
     script = (ROOT / ".ci" / "run").read_text()
     readme = (ROOT / "README.md").read_text()
     assert "make test" in readme
-    assert 'DATABASE_URL="$PG_URL" make test' in script and "env -u DATABASE_URL make test" in script
+    assert 'DATABASE_URL="$PG_URL" FLEETSHARD_DATA_DIR=var/ci-postgres make test' in script
+    assert "env -u DATABASE_URL FLEETSHARD_DATA_DIR=var/ci-sqlite make test" in script
     assert "scripts/check_postgres.py" in script
 
 
@@ -42,3 +43,26 @@ def test_ci_script_runs_the_linters_and_type_checks_first():
     assert script.index("make lint") < script.index("make test")
     lint = makefile.split("\nlint:", 1)[1].split("\n\n", 1)[0]
     assert "ruff check" in lint and "ruff format --check" in lint and "mypy" in lint
+
+
+def test_ci_script_fails_when_either_databases_run_fails(tmp_path):
+    """Both runs go side by side; a failure (or pytest's exit 5, no tests) of either must fail CI."""
+    script = (ROOT / ".ci" / "run").read_text()
+    block = script[script.index("mkdir -p var/ci-postgres") :]
+    for pg, sq, expected in [(0, 0, 0), (1, 0, 1), (0, 5, 1), (2, 1, 1)]:
+        stub = tmp_path / "bin"
+        stub.mkdir(exist_ok=True)
+        (stub / "make").write_text(
+            f'#!/bin/sh\nif [ -n "$DATABASE_URL" ]; then echo pg; exit {pg}; else echo sqlite; exit {sq}; fi\n'
+        )
+        (stub / "make").chmod(0o755)
+        result = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", block],
+            cwd=tmp_path,
+            env={"PATH": f"{stub}:/usr/bin:/bin", "PG_URL": "postgres://x", "DATABASE_URL": "postgres://x"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert (result.returncode != 0) == bool(expected), (pg, sq, result.stdout, result.stderr)
+        assert "[postgres] pg" in result.stdout and "[sqlite] sqlite" in result.stdout
