@@ -9,7 +9,7 @@ its HQE is terminal: its processes are gone and nothing writes there any more.
 
 The files are the job's (it ran as the job user), so none is trusted: a link, a pipe, a hard link or
 another user's file is never opened but quarantined, a file is read only up to the master's limit,
-and a run sends at most MAX_FILES_PER_RUN files. `archive/` and `quarantine/` are made by the shard
+and a run sends at most MAX_RESULT_FILES_PER_RUN files. `archive/` and `quarantine/` are made by the shard
 after the run ended; a job that made one of these names itself had it renamed aside first
 (`archive.job`), so the shard never writes through a directory or link a job chose.
 """
@@ -29,9 +29,8 @@ from django.db import DatabaseError, close_old_connections, connection
 from django.db.models import Q
 from django.utils import timezone
 
-from common.constants import HQEStatus
+from common.constants import MAX_RESULT_FILE_BYTES, MAX_RESULT_FILES_PER_RUN, HQEStatus
 from common.models import HostQueueEntry
-from master.results.formats.records import MAX_FILE_BYTES
 from shard.client import HeartbeatClient, backoff, error_of, field_of, jittered, master_session
 from shard.config import SchedulerConfig
 from shard.executor import UnsafeFile, open_regular
@@ -41,7 +40,6 @@ log = logging.getLogger(__name__)
 
 ERROR_SUFFIX = ".error"
 RESULT_SUFFIX = ".json"
-MAX_FILES_PER_RUN = 1000
 # Runs ended this long before the last look are looked at again: the clocks of two schedulers sharing
 # the database, and a transaction that commits late, must not hide a run.
 RESCAN_SLACK = timedelta(minutes=1)
@@ -117,9 +115,9 @@ def read_result(results_fd: int, name: str, owners: tuple[int, ...]) -> bytes | 
             return "not sent: a symbolic link"
         return f"not sent: cannot open it ({exc.strerror})"
     with os.fdopen(fd, "rb") as f:
-        data = f.read(MAX_FILE_BYTES + 1)
-    if len(data) > MAX_FILE_BYTES:
-        return f"not sent: larger than {MAX_FILE_BYTES} bytes"
+        data = f.read(MAX_RESULT_FILE_BYTES + 1)
+    if len(data) > MAX_RESULT_FILE_BYTES:
+        return f"not sent: larger than {MAX_RESULT_FILE_BYTES} bytes"
     return data
 
 
@@ -232,13 +230,13 @@ def upload_run(run_dir: Path, hqe_id: int, sender: Sender, owners: tuple[int, ..
         return True
     try:
         names = run.names()
-        room = MAX_FILES_PER_RUN - run.archived() if names else 0
+        room = MAX_RESULT_FILES_PER_RUN - run.archived() if names else 0
         refused: Verdict | None = None
         for index, name in enumerate(names):
             if stop.is_set():
                 return False
             if index >= room:
-                verdict = Verdict(True, f"not sent: more than {MAX_FILES_PER_RUN} result files in one run")
+                verdict = Verdict(True, f"not sent: more than {MAX_RESULT_FILES_PER_RUN} result files in one run")
             elif refused is not None:
                 verdict = refused
             else:

@@ -14,6 +14,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from common.constants import MAX_RESULT_FILE_BYTES
 from common.errors import FleetshardError, NotFound
 from common.models import Host, HostQueueEntry, Job, Shard
 from master.api.filters import parse_since
@@ -23,7 +24,7 @@ from master.api.serializers import INT64_MAX, ErrorSerializer
 from master.api.views import _Base
 from master.auth import ResultsUploadAuthentication, ShardPrincipal
 from master.results import queries
-from master.results.formats import MAX_FILE_BYTES, ResultFormatError
+from master.results.formats import ResultFormatError
 from master.results.ingest import record_rejection, store_result_file
 from master.results.models import Regression, RegressionStatus, TestEntry, TestRun
 from master.results.regressions import parse_status, set_regression_status
@@ -241,13 +242,13 @@ def _error(status_code: int, message: str, field: str | None) -> Response:
 
 
 def _read_body(request: HttpRequest) -> bytes | None:
-    """The raw body, or None when it is over MAX_FILE_BYTES; read here, past Django's 10 MiB bound
+    """The raw body, or None when it is over MAX_RESULT_FILE_BYTES; read here, past Django's 10 MiB bound
     on request.body, since a result file may be up to 16 MiB."""
     declared = request.META.get("CONTENT_LENGTH") or "0"
-    if declared.isdigit() and int(declared) > MAX_FILE_BYTES:
+    if declared.isdigit() and int(declared) > MAX_RESULT_FILE_BYTES:
         return None
-    data = request.read(MAX_FILE_BYTES + 1)
-    if len(data) > MAX_FILE_BYTES:
+    data = request.read(MAX_RESULT_FILE_BYTES + 1)
+    if len(data) > MAX_RESULT_FILE_BYTES:
         return None
     request._body = data  # as request.body would keep it, for whatever reads it after the view
     return data
@@ -297,7 +298,7 @@ class ResultUploadView(APIView):
             return refused.response
         data = _read_body(request._request)
         if data is None:
-            return _error(413, f"{name}: larger than {MAX_FILE_BYTES} bytes", "body")
+            return _error(413, f"{name}: larger than {MAX_RESULT_FILE_BYTES} bytes", "body")
         try:
             stored = store_result_file(data, name, hqe=hqe, shard=shard, acting_user=None if shard else caller)
         except ResultFormatError as exc:

@@ -13,13 +13,12 @@ from pathlib import Path
 import pytest
 import requests
 
-from master.results.formats.records import MAX_FILE_BYTES
+from common.constants import MAX_RESULT_FILE_BYTES, MAX_RESULT_FILES_PER_RUN
 from shard.client import HeartbeatClient
 from shard.config import SchedulerConfig
 from shard.isolation import JobUser
 from shard.results_upload import (
     ARCHIVED,
-    MAX_FILES_PER_RUN,
     MasterUnavailable,
     ResultsUploader,
     Sender,
@@ -139,35 +138,40 @@ def test_a_run_without_results_has_nothing_to_do(tmp_path):
 
 
 def test_more_files_than_the_cap_are_quarantined_unsent(tmp_path):
-    names = {f"r{i:05d}.json": b"{}" for i in range(MAX_FILES_PER_RUN + 2)}
+    names = {f"r{i:05d}.json": b"{}" for i in range(MAX_RESULT_FILES_PER_RUN + 2)}
     run = make_run(tmp_path, names)
     answers = Answers()
     assert upload(run, answers)
-    assert len(answers.sent) == MAX_FILES_PER_RUN
-    assert len(listing(run / ARCHIVE)) == MAX_FILES_PER_RUN
+    assert len(answers.sent) == MAX_RESULT_FILES_PER_RUN
+    assert len(listing(run / ARCHIVE)) == MAX_RESULT_FILES_PER_RUN
     last = sorted(names)[-1]
     assert (run / QUARANTINE / f"{last}.error").read_text() == (
-        f"not sent: more than {MAX_FILES_PER_RUN} result files in one run\n"
+        f"not sent: more than {MAX_RESULT_FILES_PER_RUN} result files in one run\n"
     )
 
 
 def test_the_cap_counts_the_files_sent_before_a_restart(tmp_path):
-    run = make_run(tmp_path, {f"r{i:05d}.json": b"{}" for i in range(MAX_FILES_PER_RUN + 1)})
+    run = make_run(tmp_path, {f"r{i:05d}.json": b"{}" for i in range(MAX_RESULT_FILES_PER_RUN + 1)})
     answers = Answers(**{"r00010.json": MasterUnavailable("down")})
     with pytest.raises(MasterUnavailable):
         upload(run, answers)
     answers.by_name.clear()
     assert upload(run, answers)
-    assert len(answers.sent) == MAX_FILES_PER_RUN
-    assert listing(run / QUARANTINE) == [f"r{MAX_FILES_PER_RUN:05d}.json", f"r{MAX_FILES_PER_RUN:05d}.json.error"]
+    assert len(answers.sent) == MAX_RESULT_FILES_PER_RUN
+    assert listing(run / QUARANTINE) == [
+        f"r{MAX_RESULT_FILES_PER_RUN:05d}.json",
+        f"r{MAX_RESULT_FILES_PER_RUN:05d}.json.error",
+    ]
 
 
 def test_a_file_larger_than_the_masters_limit_is_quarantined_unsent(tmp_path):
-    run = make_run(tmp_path, {"huge.json": b" " * (MAX_FILE_BYTES + 1)})
+    run = make_run(tmp_path, {"huge.json": b" " * (MAX_RESULT_FILE_BYTES + 1)})
     answers = Answers()
     assert upload(run, answers)
     assert answers.sent == []
-    assert (run / QUARANTINE / "huge.json.error").read_text() == f"not sent: larger than {MAX_FILE_BYTES} bytes\n"
+    assert (
+        run / QUARANTINE / "huge.json.error"
+    ).read_text() == f"not sent: larger than {MAX_RESULT_FILE_BYTES} bytes\n"
 
 
 def test_a_name_with_odd_characters_is_sent_and_moved_as_it_is(tmp_path):

@@ -7,10 +7,10 @@ import pytest
 from django.db import connection
 from django.test import Client
 
+from common.constants import MAX_RESULT_FILE_BYTES
 from common.models import HostQueueEntry
 from master import services
 from master.models import AuditRecord, RejectedResult, TestEntry, TestRun
-from master.results.formats import MAX_FILE_BYTES
 from tests.master.api.conftest import client_for
 from tests.master.results.test_formats import GB_SAMPLE, TF_SAMPLE
 
@@ -124,7 +124,7 @@ def test_a_malformed_upload_by_a_person_records_nothing(fleet, staff):
 def test_a_file_over_the_bound_is_413(fleet):
     # Django's own test client: the schema checker would read the refused body after the view.
     token = services.create_personal_token("boss", admin=True, acting_user=None)[1]
-    resp = upload(Client(HTTP_AUTHORIZATION=f"Bearer {token}"), b" " * (MAX_FILE_BYTES + 1))
+    resp = upload(Client(HTTP_AUTHORIZATION=f"Bearer {token}"), b" " * (MAX_RESULT_FILE_BYTES + 1))
     assert resp.status_code == 413
     assert resp.json()["detail"] == {"field": "body"}
 
