@@ -8,7 +8,6 @@ from django.db import connection
 from django.test import Client
 
 from common.constants import MAX_RESULT_FILE_BYTES
-from common.models import HostQueueEntry
 from master import services
 from master.models import AuditRecord, RejectedResult, TestEntry, TestRun
 from tests.master.api.conftest import client_for
@@ -21,16 +20,6 @@ def upload(client, data, name="bench.json", **params):
     body = data if isinstance(data, bytes) else json.dumps(data).encode()
     query = "&".join(f"{k}={v}" for k, v in {"name": name, **params}.items())
     return client.post(f"{URL}?{query}", data=body, content_type="application/octet-stream")
-
-
-@pytest.fixture
-def shard_hqe(fleet):
-    """An HQE of a job on lab1, with its host, as a shard uploads for."""
-    job = fleet.job()
-    hqe = HostQueueEntry.objects.get(job=job)
-    hqe.host = services.get_hosts(["a1"])[0]
-    hqe.save(update_fields=["host"])
-    return hqe
 
 
 def test_a_person_uploads_both_formats_and_the_upload_is_audited(fleet, staff):
