@@ -1,6 +1,8 @@
 """What an ended run measured goes to the master: each `results/*.json` of the run's directory is
 uploaded (POST /api/v1/results/upload with `hqe`), then moved beside it, to `archive/` once the master
-has it or to `quarantine/` (with `NAME.error` saying why) when the master never will.
+has it or to `quarantine/` (with `NAME.error` saying why) when the master never will. A file the shard
+refuses to send is reported first (POST /api/v1/results/quarantined), so that operators see it in the
+job's stat like the files the master refused.
 
 The files on disk are the queue. A file still in `results/` is not handled yet; the master stores the
 same file once (an upload repeated after a crash between upload and move answers `created: false`),
@@ -29,8 +31,9 @@ from django.db import DatabaseError, close_old_connections, connection
 from django.db.models import Q
 from django.utils import timezone
 
-from common.constants import MAX_RESULT_FILE_BYTES, MAX_RESULT_FILES_PER_RUN, HQEStatus
+from common.constants import MAX_RESULT_FILE_BYTES, MAX_RESULT_FILES_PER_RUN, MAX_RESULT_REASON_CHARS, HQEStatus
 from common.models import HostQueueEntry
+from common.wire import clean_text
 from shard.client import HeartbeatClient, backoff, error_of, field_of, jittered, master_session
 from shard.config import SchedulerConfig
 from shard.executor import UnsafeFile, open_regular
@@ -43,6 +46,7 @@ RESULT_SUFFIX = ".json"
 # Runs ended this long before the last look are looked at again: the clocks of two schedulers sharing
 # the database, and a transaction that commits late, must not hide a run.
 RESCAN_SLACK = timedelta(minutes=1)
+OVER_CAP = f"not sent: more than {MAX_RESULT_FILES_PER_RUN} result files in one run"
 
 
 class MasterUnavailable(Exception):
@@ -57,6 +61,8 @@ class Verdict:
     reason: str = ""
     # The master refused the run itself (unknown HQE, another shard's): its other files go the same way.
     whole_run: bool = False
+    # The shard refused it: the master never saw it and hears of it only from a report.
+    unsent: bool = False
 
 
 ARCHIVED = Verdict()
@@ -67,6 +73,7 @@ class Sender:
 
     def __init__(self, master_url: str, token: str, timeout_s: float | None = None) -> None:
         self.url = master_url.rstrip("/") + "/api/v1/results/upload"
+        self.report_url = master_url.rstrip("/") + "/api/v1/results/quarantined"
         self.session = master_session(token)
         self.timeout = (5.0, timeout_s or settings.FLEETSHARD_REQUEST_TIMEOUT_S)
 
@@ -92,6 +99,30 @@ class Sender:
         if code in (403, 404) and field_of(resp) == "hqe":
             reason = f"the master refused HQE {hqe_id} ({code}): {error_of(resp)}"
             return Verdict(quarantine=True, reason=reason, whole_run=True)
+        raise MasterUnavailable(f"the master answered {code}: {error_of(resp)}")
+
+    def report(self, hqe_id: int, name: str, reason: str) -> Verdict | None:
+        """Tells the master why a file of the run is quarantined unsent. None once it is told (or will
+        never take this report); a whole-run Verdict when it refuses the HQE itself."""
+        params: dict[str, str | bytes] = {"name": os.fsencode(name), "hqe": str(hqe_id)}
+        body = {"reason": clean_text(reason)[:MAX_RESULT_REASON_CHARS]}
+        try:
+            resp = self.session.post(self.report_url, params=params, json=body, timeout=self.timeout)
+        except requests.RequestException as exc:
+            raise MasterUnavailable(f"cannot reach the master at {self.report_url}: {exc}") from exc
+        code = resp.status_code
+        if code in (200, 201):
+            return None
+        if code in (403, 404) and field_of(resp) == "hqe":
+            reason = f"the master refused HQE {hqe_id} ({code}): {error_of(resp)}"
+            return Verdict(quarantine=True, reason=reason, whole_run=True)
+        # A report it refuses (400), or a master older than this endpoint: the file is set aside all the
+        # same, or one planted link would hold back every upload after it.
+        if code in (400, 404, 405):
+            log.warning(
+                "HQE %s: the master did not record why %s is quarantined (%s): %s", hqe_id, name, code, error_of(resp)
+            )
+            return None
         raise MasterUnavailable(f"the master answered {code}: {error_of(resp)}")
 
 
@@ -235,18 +266,26 @@ def upload_run(run_dir: Path, hqe_id: int, sender: Sender, owners: tuple[int, ..
         for index, name in enumerate(names):
             if stop.is_set():
                 return False
-            if index >= room:
-                verdict = Verdict(True, f"not sent: more than {MAX_RESULT_FILES_PER_RUN} result files in one run")
-            elif refused is not None:
+            report = ""
+            if refused is not None:
                 verdict = refused
+            elif index >= room:
+                verdict = Verdict(True, OVER_CAP, unsent=True)
+                # One report stands for all the files over the cap: a job may write any number.
+                if index == room:
+                    report = f"{OVER_CAP}: this one and {len(names) - room - 1} more quarantined unsent"
             else:
                 try:
                     data = run.read(name)
                 except FileNotFoundError:
                     continue
-                verdict = Verdict(True, data) if isinstance(data, str) else sender.send(hqe_id, name, data)
+                verdict = Verdict(True, data, unsent=True) if isinstance(data, str) else sender.send(hqe_id, name, data)
                 if verdict.whole_run:
                     refused = verdict
+                report = verdict.reason if verdict.unsent else ""
+            # Reported before it moves: a master out of reach leaves it here, to be reported on a later pass.
+            if report and (answer := sender.report(hqe_id, name, report)) is not None:
+                refused = answer
             if verdict.quarantine:
                 log.warning("HQE %s: %s quarantined: %s", hqe_id, name, verdict.reason)
                 run.quarantine(name, verdict.reason)

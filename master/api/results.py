@@ -14,7 +14,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from common.constants import MAX_RESULT_FILE_BYTES
+from common.constants import MAX_RESULT_FILE_BYTES, MAX_RESULT_REASON_CHARS
 from common.errors import FleetshardError, NotFound
 from common.models import Host, HostQueueEntry, Job, Shard
 from master.api.filters import parse_since
@@ -26,7 +26,7 @@ from master.api.views import _Base
 from master.auth import ResultsUploadAuthentication, ShardPrincipal
 from master.results import queries
 from master.results.formats import ResultFormatError
-from master.results.ingest import MAX_REASON_CHARS, record_rejection, record_shard_quarantine, store_result_file
+from master.results.ingest import record_rejection, record_shard_quarantine, store_result_file
 from master.results.models import Regression, RegressionStatus, TestEntry, TestRun
 from master.results.regressions import parse_status, set_regression_status
 
@@ -108,7 +108,7 @@ class UploadSerializer(serializers.Serializer):
 
 class QuarantineReportSerializer(serializers.Serializer):
     reason = serializers.CharField(
-        max_length=MAX_REASON_CHARS, help_text="Why the shard set the file aside (as in its NAME.error)."
+        max_length=MAX_RESULT_REASON_CHARS, help_text="Why the shard set the file aside (as in its NAME.error)."
     )
 
 

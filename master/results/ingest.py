@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 
-from common.constants import MAX_RESULT_FILES_PER_RUN
+from common.constants import MAX_RESULT_FILES_PER_RUN, MAX_RESULT_REASON_CHARS
 from common.errors import FleetshardError
 from common.models import HostQueueEntry, Shard
 from common.wire import clean_text
@@ -18,8 +18,6 @@ from master.results.models import RejectedResult, TestEntry, TestRun
 from master.results.regressions import detect_after_upload
 
 BOARD_PREFIX = "board:"
-# Why a shard set a file aside: its own words, kept to what a person reads in a job's stat.
-MAX_REASON_CHARS = 1024
 # A file the shard never sent has no digest: the master never saw its bytes.
 UNSENT_DIGEST = ""
 
@@ -141,9 +139,11 @@ def record_shard_quarantine(hqe: HostQueueEntry, name: str, reason: str) -> Reco
     by the caller owns `hqe`; since the job chose the name and the shard's reason quotes it, both are
     cleaned and bounded, and an HQE takes at most MAX_RESULT_FILES_PER_RUN such reports."""
     name = clean_text(name)[:255]
-    reason = clean_text(reason).strip()[:MAX_REASON_CHARS]
+    reason = clean_text(reason).strip()[:MAX_RESULT_REASON_CHARS]
     if not reason:
-        raise FleetshardError("reason: say why the file was quarantined (1-1024 characters)", field="reason")
+        raise FleetshardError(
+            f"reason: say why the file was quarantined (1-{MAX_RESULT_REASON_CHARS} characters)", field="reason"
+        )
     existing = RejectedResult.objects.filter(hqe=hqe, name=name, digest=UNSENT_DIGEST).first()
     if existing is not None:
         return RecordedRejection(existing, False)

@@ -7,10 +7,10 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from common.constants import MAX_RESULT_FILES_PER_RUN
+from common.constants import MAX_RESULT_FILES_PER_RUN, MAX_RESULT_REASON_CHARS
 from master.models import RejectedResult
 from master.results.formats import ResultFormatError
-from master.results.ingest import MAX_REASON_CHARS, UNSENT_DIGEST, record_rejection
+from master.results.ingest import UNSENT_DIGEST, record_rejection
 from tests.master.api.conftest import client_for
 
 URL = "/api/v1/results/quarantined"
@@ -101,7 +101,7 @@ def test_only_a_shard_reports_and_only_for_its_own_hqes(fleet, shard_hqe, staff)
         ("name=a%00.json&hqe={hqe}", {"reason": LINK}, "name"),
         ("name=a.json&hqe={hqe}", {}, "reason"),
         ("name=a.json&hqe={hqe}", {"reason": "  "}, "reason"),
-        ("name=a.json&hqe={hqe}", {"reason": "x" * (MAX_REASON_CHARS + 1)}, "reason"),
+        ("name=a.json&hqe={hqe}", {"reason": "x" * (MAX_RESULT_REASON_CHARS + 1)}, "reason"),
         ("name=a.json&hqe={hqe}", {"reason": "nul\x00"}, "reason"),
     ],
 )
