@@ -37,12 +37,11 @@ from common.wire import clean_text
 from shard.client import HeartbeatClient, backoff, error_of, field_of, jittered, master_session
 from shard.config import SchedulerConfig
 from shard.executor import UnsafeFile, open_regular
-from shard.workspace import ARCHIVE, QUARANTINE, RESULTS
+from shard.workspace import ARCHIVE, QUARANTINE, RESULT_SUFFIX, RESULTS
 
 log = logging.getLogger(__name__)
 
 ERROR_SUFFIX = ".error"
-RESULT_SUFFIX = ".json"
 # Runs ended this long before the last look are looked at again: the clocks of two schedulers sharing
 # the database, and a transaction that commits late, must not hide a run.
 RESCAN_SLACK = timedelta(minutes=1)
@@ -326,7 +325,8 @@ class ResultsUploader:
         now = timezone.now()
         ended = HostQueueEntry.objects.filter(status__in=HQEStatus.TERMINAL).exclude(results_dir="")
         if self.since is None:
-            cutoff = now - timedelta(days=self.config.retention_days)
+            # Retention keeps a run with files still to send past its retention, up to this horizon.
+            cutoff = now - timedelta(days=self.config.upload_horizon_days)
             ended = ended.filter(Q(finished_on__gte=cutoff) | Q(finished_on__isnull=True))
         else:
             ended = ended.filter(finished_on__gte=self.since)

@@ -7,13 +7,17 @@ import os
 import pwd
 import subprocess
 import threading
+import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import requests
+from django.utils import timezone
 
 from common.constants import MAX_RESULT_FILE_BYTES, MAX_RESULT_FILES_PER_RUN
+from common.models import HostQueueEntry
 from shard.client import HeartbeatClient
 from shard.config import SchedulerConfig
 from shard.isolation import JobUser
@@ -28,7 +32,7 @@ from shard.results_upload import (
 )
 from shard.workspace import ARCHIVE, QUARANTINE
 from tests.shard.fleet import ACTIVE, new_shard, sql, submit, writable_by_jobs
-from tests.shard.world import ShardWorld
+from tests.shard.world import ShardWorld, make_world
 from tests.support import Master, Role, drop_database, free_port, fresh_database_url, stop, wait_until
 
 NOBODY = pwd.getpwnam("nobody")
@@ -327,6 +331,36 @@ def test_only_ended_runs_are_taken_and_a_restart_finds_what_is_left(world):
     world.run_until(lambda: world.finished(running), what="the second job to end")
     restarted.find_ended()
     assert list(restarted.pending) == [world.hqe(running).id]
+
+
+def test_retention_keeps_a_run_until_its_files_are_uploaded_and_a_restart_still_finds_it(tmp_path, db, request):
+    world = make_world(tmp_path, request, retention_days=1, upload_grace_days=2, retention_every_s=0)
+    world.host("h1", ("lab",))
+    ended = world.job(WRITES_RESULTS, meta_host="lab")
+    world.run_until(lambda: world.finished(ended), what="the job to end")
+    hqe = world.hqe(ended)
+    run = Path(hqe.results_dir)
+    # The master was out of reach for two days: the run is past the retention, its file still unsent.
+    HostQueueEntry.objects.filter(id=hqe.id).update(finished_on=timezone.now() - timedelta(days=2))
+    age(run, 2)
+    world.scheduler.tick()
+    assert listing(run / "results") == ["r.json"]
+    # A shard started now looks as far back as retention keeps runs waiting, and sends the file.
+    uploader = uploader_for(world, Answers())
+    uploader.find_ended()
+    assert list(uploader.pending) == [hqe.id]
+    uploader.upload_pending(threading.Event())
+    assert listing(run / ARCHIVE) == ["r.json"]
+    age(run, 2)
+    world.scheduler.tick()
+    assert not run.exists()
+
+
+def age(run: Path, days: float) -> None:
+    """Dates the run's directory and log `days` back, as retention sees them."""
+    then = time.time() - days * 86400
+    for path in (run / "job.log", run):
+        os.utime(path, (then, then))
 
 
 # Against a real master (the results endpoint of master/api/results.py) and real shard processes.
