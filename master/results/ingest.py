@@ -135,8 +135,8 @@ class RecordedRejection:
 @transaction.atomic
 def record_shard_quarantine(hqe: HostQueueEntry, name: str, reason: str) -> RecordedRejection:
     """Keeps a file the shard set aside without sending it (a link, too large, over the per-run cap),
-    once per (HQE, file name): a shard retrying after a lost answer changes nothing. The shard checked
-    by the caller owns `hqe`; since the job chose the name and the shard's reason quotes it, both are
+    once per (HQE, file name): a shard retrying after a lost answer changes nothing. The caller checked
+    that the shard owns `hqe`. The job chose the name, and a shard's words are input too, so both are
     cleaned and bounded, and an HQE takes at most MAX_RESULT_FILES_PER_RUN such reports."""
     name = clean_text(name)[:255]
     reason = clean_text(reason).strip()[:MAX_RESULT_REASON_CHARS]
