@@ -161,7 +161,8 @@ def job_stat(run: Run, job_id: int) -> None:
 
 
 def quarantined(hqes: list[dict[str, Any]]) -> str:
-    """Result files the master refused, and why: the job still completed, its numbers did not arrive."""
+    """Result files set aside (by the master or the shard), and why: the job still completed, their
+    numbers did not arrive."""
     lines = [
         f"  entry {hqe['id']} ({hqe.get('host') or '-'}): {item['name']}: {item['reason']}"
         for hqe in hqes

@@ -1,9 +1,8 @@
 """`fleetshard results ...`: benchmark results stored on the master, their timings and regressions.
 
-`results upload` (the uploader) lives in cli/results_upload.py and joins this group when present.
+`results upload` (the uploader) lives in cli/results_upload.py.
 """
 
-import importlib.util
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -12,6 +11,7 @@ import click
 
 from cli.action import Run, action
 from cli.output import Column, table, when
+from cli.results_upload import upload
 
 STATUSES = ("new", "acknowledged", "invalid", "fixed")
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -144,7 +144,4 @@ def results_set_status(run: Run, regression_id: int, status: str) -> None:
     run.done(row, f"regression {row['id']} ({row['test']} / {row['entry']}) is {row['status']}")
 
 
-if importlib.util.find_spec("cli.results_upload") is not None:
-    from cli.results_upload import upload
-
-    results.add_command(upload)
+results.add_command(upload)

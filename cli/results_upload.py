@@ -25,7 +25,7 @@ import click
 from cli.action import Run, action
 from cli.client import CliError
 from cli.output import emit_json, printable
-from master.results.formats import MAX_FILE_BYTES
+from common.constants import MAX_RESULT_FILE_BYTES
 
 UPLOAD_PATH = "/results/upload"
 SUFFIX = ".json"
@@ -124,7 +124,7 @@ def _read(fd: int) -> bytes | None:
     while chunk := os.read(fd, 1 << 20):
         chunks.append(chunk)
         size += len(chunk)
-        if size > MAX_FILE_BYTES:
+        if size > MAX_RESULT_FILE_BYTES:
             return None
     return b"".join(chunks)
 
@@ -203,9 +203,9 @@ class Uploader:
         with taken(self.data_dir, name) as got:
             if isinstance(got, str):
                 return Outcome(name, "skipped", got) if got else None
-            data = None if os.fstat(got).st_size > MAX_FILE_BYTES else _read(got)
+            data = None if os.fstat(got).st_size > MAX_RESULT_FILE_BYTES else _read(got)
             if data is None:
-                return self._quarantine(name, f"{name}: larger than {MAX_FILE_BYTES} bytes: not uploaded")
+                return self._quarantine(name, f"{name}: larger than {MAX_RESULT_FILE_BYTES} bytes: not uploaded")
             try:
                 answer = self.run.api.request("POST", UPLOAD_PATH, params={"name": name}, data=data)
             except CliError as exc:

@@ -20,6 +20,12 @@ LOG_TAIL_BYTES: Final = 16 * 1024
 # `/bin/sh -c COMMAND`: Linux execs no single argument over 32 pages (MAX_ARG_STRLEN, its NUL included).
 MAX_COMMAND_BYTES: Final = 128 * 1024 - 1
 OFFLINE_AFTER_INTERVALS: Final = 3
+# One benchmark result file (docs/protocol.md, "Results"): the master stores none larger, so the
+# shard and the uploader send none larger; and a shard sends at most this many files of one run.
+MAX_RESULT_FILE_BYTES: Final = 16 * 1024 * 1024
+MAX_RESULT_FILES_PER_RUN: Final = 1000
+# Why a file was set aside, as a shard reports it (POST /api/v1/results/quarantined).
+MAX_RESULT_REASON_CHARS: Final = 1024
 
 
 class HostStatus(StrEnum):

@@ -30,6 +30,13 @@ class SchedulerConfig:
     max_log_bytes: int = DEFAULT_MAX_LOG_BYTES
     retention_days: float = 30.0
     retention_every_s: float = 3600.0
+    # Past the retention, a run with result files not yet uploaded is kept up to this many days more.
+    upload_grace_days: float = 30.0
+
+    @property
+    def upload_horizon_days(self) -> float:
+        """The age past which no run is kept, uploaded or not: nor looked for by a starting uploader."""
+        return self.retention_days + self.upload_grace_days
 
     @classmethod
     def from_settings(cls) -> "SchedulerConfig":
@@ -47,4 +54,5 @@ class SchedulerConfig:
             env_passthrough=passthrough_names(settings.FLEETSHARD_JOB_ENV_PASSTHROUGH),
             max_log_bytes=settings.FLEETSHARD_MAX_LOG_BYTES,
             retention_days=settings.FLEETSHARD_RESULTS_RETENTION_DAYS,
+            upload_grace_days=settings.FLEETSHARD_RESULTS_UPLOAD_GRACE_DAYS,
         )

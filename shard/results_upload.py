@@ -1,6 +1,8 @@
 """What an ended run measured goes to the master: each `results/*.json` of the run's directory is
 uploaded (POST /api/v1/results/upload with `hqe`), then moved beside it, to `archive/` once the master
-has it or to `quarantine/` (with `NAME.error` saying why) when the master never will.
+has it or to `quarantine/` (with `NAME.error` saying why) when the master never will. A file the shard
+refuses to send is reported first (POST /api/v1/results/quarantined), so that operators see it in the
+job's stat like the files the master refused.
 
 The files on disk are the queue. A file still in `results/` is not handled yet; the master stores the
 same file once (an upload repeated after a crash between upload and move answers `created: false`),
@@ -9,7 +11,7 @@ its HQE is terminal: its processes are gone and nothing writes there any more.
 
 The files are the job's (it ran as the job user), so none is trusted: a link, a pipe, a hard link or
 another user's file is never opened but quarantined, a file is read only up to the master's limit,
-and a run sends at most MAX_FILES_PER_RUN files. `archive/` and `quarantine/` are made by the shard
+and a run sends at most MAX_RESULT_FILES_PER_RUN files. `archive/` and `quarantine/` are made by the shard
 after the run ended; a job that made one of these names itself had it renamed aside first
 (`archive.job`), so the shard never writes through a directory or link a job chose.
 """
@@ -29,22 +31,21 @@ from django.db import DatabaseError, close_old_connections, connection
 from django.db.models import Q
 from django.utils import timezone
 
-from common.constants import HQEStatus
+from common.constants import MAX_RESULT_FILE_BYTES, MAX_RESULT_FILES_PER_RUN, MAX_RESULT_REASON_CHARS, HQEStatus
 from common.models import HostQueueEntry
-from master.results.formats.records import MAX_FILE_BYTES
+from common.wire import clean_text
 from shard.client import HeartbeatClient, backoff, error_of, field_of, jittered, master_session
 from shard.config import SchedulerConfig
 from shard.executor import UnsafeFile, open_regular
-from shard.workspace import ARCHIVE, QUARANTINE, RESULTS
+from shard.workspace import ARCHIVE, QUARANTINE, RESULT_SUFFIX, RESULTS
 
 log = logging.getLogger(__name__)
 
 ERROR_SUFFIX = ".error"
-RESULT_SUFFIX = ".json"
-MAX_FILES_PER_RUN = 1000
 # Runs ended this long before the last look are looked at again: the clocks of two schedulers sharing
 # the database, and a transaction that commits late, must not hide a run.
 RESCAN_SLACK = timedelta(minutes=1)
+OVER_CAP = f"not sent: more than {MAX_RESULT_FILES_PER_RUN} result files in one run"
 
 
 class MasterUnavailable(Exception):
@@ -59,6 +60,8 @@ class Verdict:
     reason: str = ""
     # The master refused the run itself (unknown HQE, another shard's): its other files go the same way.
     whole_run: bool = False
+    # The shard refused it: the master never saw it and hears of it only from a report.
+    unsent: bool = False
 
 
 ARCHIVED = Verdict()
@@ -69,6 +72,7 @@ class Sender:
 
     def __init__(self, master_url: str, token: str, timeout_s: float | None = None) -> None:
         self.url = master_url.rstrip("/") + "/api/v1/results/upload"
+        self.report_url = master_url.rstrip("/") + "/api/v1/results/quarantined"
         self.session = master_session(token)
         self.timeout = (5.0, timeout_s or settings.FLEETSHARD_REQUEST_TIMEOUT_S)
 
@@ -96,6 +100,30 @@ class Sender:
             return Verdict(quarantine=True, reason=reason, whole_run=True)
         raise MasterUnavailable(f"the master answered {code}: {error_of(resp)}")
 
+    def report(self, hqe_id: int, name: str, reason: str) -> Verdict | None:
+        """Tells the master why a file of the run is quarantined unsent. None once it is told (or will
+        never take this report); a whole-run Verdict when it refuses the HQE itself."""
+        params: dict[str, str | bytes] = {"name": os.fsencode(name), "hqe": str(hqe_id)}
+        body = {"reason": clean_text(reason)[:MAX_RESULT_REASON_CHARS]}
+        try:
+            resp = self.session.post(self.report_url, params=params, json=body, timeout=self.timeout)
+        except requests.RequestException as exc:
+            raise MasterUnavailable(f"cannot reach the master at {self.report_url}: {exc}") from exc
+        code = resp.status_code
+        if code in (200, 201):
+            return None
+        if code in (403, 404) and field_of(resp) == "hqe":
+            reason = f"the master refused HQE {hqe_id} ({code}): {error_of(resp)}"
+            return Verdict(quarantine=True, reason=reason, whole_run=True)
+        # A report it refuses (400), or a master older than this endpoint: the file is set aside all the
+        # same, or one planted link would hold back every upload after it.
+        if code in (400, 404, 405):
+            log.warning(
+                "HQE %s: the master did not record why %s is quarantined (%s): %s", hqe_id, name, code, error_of(resp)
+            )
+            return None
+        raise MasterUnavailable(f"the master answered {code}: {error_of(resp)}")
+
 
 def pending_names(results_fd: int) -> list[str]:
     """The result files waiting in an open `results/`, in name order."""
@@ -117,9 +145,9 @@ def read_result(results_fd: int, name: str, owners: tuple[int, ...]) -> bytes | 
             return "not sent: a symbolic link"
         return f"not sent: cannot open it ({exc.strerror})"
     with os.fdopen(fd, "rb") as f:
-        data = f.read(MAX_FILE_BYTES + 1)
-    if len(data) > MAX_FILE_BYTES:
-        return f"not sent: larger than {MAX_FILE_BYTES} bytes"
+        data = f.read(MAX_RESULT_FILE_BYTES + 1)
+    if len(data) > MAX_RESULT_FILE_BYTES:
+        return f"not sent: larger than {MAX_RESULT_FILE_BYTES} bytes"
     return data
 
 
@@ -232,23 +260,31 @@ def upload_run(run_dir: Path, hqe_id: int, sender: Sender, owners: tuple[int, ..
         return True
     try:
         names = run.names()
-        room = MAX_FILES_PER_RUN - run.archived() if names else 0
+        room = MAX_RESULT_FILES_PER_RUN - run.archived() if names else 0
         refused: Verdict | None = None
         for index, name in enumerate(names):
             if stop.is_set():
                 return False
-            if index >= room:
-                verdict = Verdict(True, f"not sent: more than {MAX_FILES_PER_RUN} result files in one run")
-            elif refused is not None:
+            report = ""
+            if refused is not None:
                 verdict = refused
+            elif index >= room:
+                verdict = Verdict(True, OVER_CAP, unsent=True)
+                # One report stands for all the files over the cap: a job may write any number.
+                if index == room:
+                    report = f"{OVER_CAP}: this one and {len(names) - room - 1} more quarantined unsent"
             else:
                 try:
                     data = run.read(name)
                 except FileNotFoundError:
                     continue
-                verdict = Verdict(True, data) if isinstance(data, str) else sender.send(hqe_id, name, data)
+                verdict = Verdict(True, data, unsent=True) if isinstance(data, str) else sender.send(hqe_id, name, data)
                 if verdict.whole_run:
                     refused = verdict
+                report = verdict.reason if verdict.unsent else ""
+            # Reported before it moves: a master out of reach leaves it here, to be reported on a later pass.
+            if report and (answer := sender.report(hqe_id, name, report)) is not None:
+                refused = answer
             if verdict.quarantine:
                 log.warning("HQE %s: %s quarantined: %s", hqe_id, name, verdict.reason)
                 run.quarantine(name, verdict.reason)
@@ -289,7 +325,8 @@ class ResultsUploader:
         now = timezone.now()
         ended = HostQueueEntry.objects.filter(status__in=HQEStatus.TERMINAL).exclude(results_dir="")
         if self.since is None:
-            cutoff = now - timedelta(days=self.config.retention_days)
+            # Retention keeps a run with files still to send past its retention, up to this horizon.
+            cutoff = now - timedelta(days=self.config.upload_horizon_days)
             ended = ended.filter(Q(finished_on__gte=cutoff) | Q(finished_on__isnull=True))
         else:
             ended = ended.filter(finished_on__gte=self.since)

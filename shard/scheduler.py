@@ -376,14 +376,16 @@ class Scheduler:
         if now < self._next_retention:
             return
         self._next_retention = now + self.config.retention_every_s
-        cutoff = time.time() - self.config.retention_days * 86400
+        now_s = time.time()
+        cutoff = now_s - self.config.retention_days * 86400
         active = set(
             HostQueueEntry.objects.filter(status__in=(HQEStatus.STARTING, HQEStatus.RUNNING))
             .exclude(results_dir="")
             .values_list("results_dir", flat=True)
         )
         active |= {str(r.log_path.parent) for r in self.runs.values()}
-        removed = remove_old_results(self.config.results_root, cutoff, active)
+        pending_cutoff = now_s - self.config.upload_horizon_days * 86400
+        removed = remove_old_results(self.config.results_root, cutoff, active, pending_cutoff)
         if removed:
             log.info("removed %d run directories older than %g days", removed, self.config.retention_days)
 

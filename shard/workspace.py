@@ -8,6 +8,8 @@ allowlist from the shard's plus the FLEETSHARD_* variables below, never the shar
 """
 
 import contextlib
+import logging
+import os
 import re
 import shutil
 from pathlib import Path
@@ -23,7 +25,10 @@ RUN_LOG = "job.log"
 RESULTS = "results"
 ARCHIVE = "archive"
 QUARANTINE = "quarantine"
+RESULT_SUFFIX = ".json"
 HOSTS_DIR = "hosts"
+
+log = logging.getLogger(__name__)
 
 
 class BadHost(ValueError):
@@ -104,24 +109,52 @@ def run_log_tail(results_dir: str) -> str:
     return read_tail(Path(results_dir) / RUN_LOG) if results_dir else ""
 
 
-def remove_old_results(root: Path, cutoff: float, active: set[str]) -> int:
+def remove_old_results(root: Path, cutoff: float, active: set[str], pending_cutoff: float | None = None) -> int:
     """Removes `root/GROUP/RUN` directories last changed before `cutoff`, then emptied groups.
 
-    Host command directories (`root/hosts/HOST/KIND-TIME`) are old results like any other; a host
-    command still running keeps changing its directory's log, so it is never that old.
+    A job's run whose result files still wait in `results/` (the master was out of reach) is kept
+    until `pending_cutoff`: past that the master is not coming back for them (a shard struck off it),
+    and a job that plants files there to keep its directory keeps it no longer. Host command
+    directories (`root/hosts/HOST/KIND-TIME`) are old results like any other; a host command still
+    running keeps changing its directory's log, so it is never that old.
     """
-    removed = 0
-    groups = [g for g in _subdirs(root) if g.name != HOSTS_DIR] + _subdirs(root / HOSTS_DIR)
-    for group in groups:
+    removed = waiting = 0
+    run_groups = [g for g in _subdirs(root) if g.name != HOSTS_DIR]
+    host_groups = _subdirs(root / HOSTS_DIR)
+    for group in run_groups + host_groups:
         for directory in _subdirs(group):
-            if str(directory) in active or _newest_change(directory) >= cutoff:
+            if str(directory) in active:
+                continue
+            changed = _newest_change(directory)
+            if changed >= cutoff:
+                continue
+            waits = pending_cutoff is not None and changed >= pending_cutoff and group not in host_groups
+            if waits and has_pending_results(directory):
+                waiting += 1
                 continue
             shutil.rmtree(directory, ignore_errors=True)
             removed += not directory.exists()
         # An empty group is left alone while young: another scheduler may be about to make a run in it.
         if not any(group.iterdir()) and group.lstat().st_mtime < cutoff:
             group.rmdir()
+    if waiting:
+        log.warning("kept %d run directories past the retention: their result files are not uploaded yet", waiting)
     return removed
+
+
+def has_pending_results(run: Path) -> bool:
+    """Whether the run's own `results/` (never a link the job left) holds a file the uploader takes."""
+    try:
+        fd = os.open(run / RESULTS, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        with os.scandir(fd) as entries:
+            return any(entry.name.endswith(RESULT_SUFFIX) for entry in entries)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _subdirs(path: Path) -> list[Path]:

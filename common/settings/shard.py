@@ -42,6 +42,8 @@ FLEETSHARD_JOB_ENV_PASSTHROUGH = os.environ.get("FLEETSHARD_JOB_ENV_PASSTHROUGH"
 FLEETSHARD_SHARD_TOKEN_FILE = os.environ.get("FLEETSHARD_SHARD_TOKEN_FILE", "")
 FLEETSHARD_MAX_LOG_BYTES = int(os.environ.get("FLEETSHARD_MAX_LOG_BYTES", str(100 * 1024 * 1024)))
 FLEETSHARD_RESULTS_RETENTION_DAYS = float(os.environ.get("FLEETSHARD_RESULTS_RETENTION_DAYS", "30"))
+# A run whose result files still wait for the master is kept this much longer than the retention.
+FLEETSHARD_RESULTS_UPLOAD_GRACE_DAYS = float(os.environ.get("FLEETSHARD_RESULTS_UPLOAD_GRACE_DAYS", "30"))
 # How a run's processes are tracked (shard/tracking.py): auto, cgroup2, freezer, pids or pgroup.
 FLEETSHARD_PROCESS_TRACKING = os.environ.get("FLEETSHARD_PROCESS_TRACKING", "auto")
 # The cgroup (under each cgroup mount) that holds this shard's runs; shards sharing a machine may share it.

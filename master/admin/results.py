@@ -12,6 +12,7 @@ from django.utils.http import urlencode
 from common.errors import FleetshardError
 from master.admin.base import ServiceAdmin
 from master.models import Regression, RegressionStatus, RejectedResult, TestEntry, TestRun
+from master.results.ingest import UNSENT_DIGEST
 from master.results.regressions import set_regression_status
 
 
@@ -129,11 +130,16 @@ class RegressionAdmin(ServiceAdmin):
 
 @admin.register(RejectedResult)
 class RejectedResultAdmin(ServiceAdmin):
-    list_display = ["name", "hqe", "job", "reason", "created_on"]
+    list_display = ["name", "hqe", "job", "refused_by", "reason", "created_on"]
     search_fields = ["name", "reason"]
     list_select_related = ["hqe__job"]
-    readonly_fields = ["name", "hqe", "job", "digest", "reason", "created_on"]
+    readonly_fields = ["name", "hqe", "job", "refused_by", "digest", "reason", "created_on"]
     fields = tuple(readonly_fields)
+
+    @admin.display(description="refused by")
+    def refused_by(self, obj: RejectedResult) -> str:
+        """The shard never sends what it refuses, so the master holds no digest of it."""
+        return "shard" if obj.digest == UNSENT_DIGEST else "master"
 
     @admin.display(description="job")
     def job(self, obj: RejectedResult) -> str:

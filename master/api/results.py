@@ -14,17 +14,19 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from common.constants import MAX_RESULT_FILE_BYTES, MAX_RESULT_REASON_CHARS
 from common.errors import FleetshardError, NotFound
 from common.models import Host, HostQueueEntry, Job, Shard
 from master.api.filters import parse_since
+from master.api.parsers import BoundedJSONParser
 from master.api.permissions import AdminPermissionsOrReadOnly
 from master.api.schema import FleetshardAutoSchema
-from master.api.serializers import INT64_MAX, ErrorSerializer
+from master.api.serializers import INT64_MAX, ErrorSerializer, QuarantinedSerializer
 from master.api.views import _Base
 from master.auth import ResultsUploadAuthentication, ShardPrincipal
 from master.results import queries
-from master.results.formats import MAX_FILE_BYTES, ResultFormatError
-from master.results.ingest import record_rejection, store_result_file
+from master.results.formats import ResultFormatError
+from master.results.ingest import record_rejection, record_shard_quarantine, store_result_file
 from master.results.models import Regression, RegressionStatus, TestEntry, TestRun
 from master.results.regressions import parse_status, set_regression_status
 
@@ -102,6 +104,17 @@ class RegressionSerializer(serializers.ModelSerializer):
 class UploadSerializer(serializers.Serializer):
     created = serializers.BooleanField(help_text="False: the same file was stored before; nothing new.")
     run = RunSerializer()
+
+
+class QuarantineReportSerializer(serializers.Serializer):
+    reason = serializers.CharField(
+        max_length=MAX_RESULT_REASON_CHARS, help_text="Why the shard set the file aside (as in its NAME.error)."
+    )
+
+
+class QuarantineRecordSerializer(serializers.Serializer):
+    created = serializers.BooleanField(help_text="False: this file of this HQE was reported before; nothing new.")
+    quarantined = QuarantinedSerializer(help_text="The file as the job's stat lists it.")
 
 
 class RegressionStatusSerializer(serializers.Serializer):
@@ -241,13 +254,13 @@ def _error(status_code: int, message: str, field: str | None) -> Response:
 
 
 def _read_body(request: HttpRequest) -> bytes | None:
-    """The raw body, or None when it is over MAX_FILE_BYTES; read here, past Django's 10 MiB bound
+    """The raw body, or None when it is over MAX_RESULT_FILE_BYTES; read here, past Django's 10 MiB bound
     on request.body, since a result file may be up to 16 MiB."""
     declared = request.META.get("CONTENT_LENGTH") or "0"
-    if declared.isdigit() and int(declared) > MAX_FILE_BYTES:
+    if declared.isdigit() and int(declared) > MAX_RESULT_FILE_BYTES:
         return None
-    data = request.read(MAX_FILE_BYTES + 1)
-    if len(data) > MAX_FILE_BYTES:
+    data = request.read(MAX_RESULT_FILE_BYTES + 1)
+    if len(data) > MAX_RESULT_FILE_BYTES:
         return None
     request._body = data  # as request.body would keep it, for whatever reads it after the view
     return data
@@ -286,18 +299,16 @@ class ResultUploadView(APIView):
     )
     def post(self, request: Request) -> Response:
         """Stores one result file (TensorFlow TestResults or Google Benchmark JSON), once."""
-        name = request.query_params.get("name", "")
-        if not name or len(name) > 255 or "\x00" in name:
-            return _error(400, "the name query parameter (the file's name, 1-255 characters) is required", "name")
         caller = request.user
         shard = caller.shard if isinstance(caller, ShardPrincipal) else None
         try:
-            hqe = self._hqe(request.query_params.get("hqe"), shard)
+            name = _file_name(request)
+            hqe = _shard_hqe(request.query_params.get("hqe"), shard)
         except _Refused as refused:
             return refused.response
         data = _read_body(request._request)
         if data is None:
-            return _error(413, f"{name}: larger than {MAX_FILE_BYTES} bytes", "body")
+            return _error(413, f"{name}: larger than {MAX_RESULT_FILE_BYTES} bytes", "body")
         try:
             stored = store_result_file(data, name, hqe=hqe, shard=shard, acting_user=None if shard else caller)
         except ResultFormatError as exc:
@@ -310,22 +321,85 @@ class ResultUploadView(APIView):
             status=status.HTTP_201_CREATED if stored.created else status.HTTP_200_OK,
         )
 
-    def _hqe(self, raw: str | None, shard: Any) -> HostQueueEntry | None:
-        if raw is None:
-            return None
-        if shard is None:
-            raise _Refused(400, "hqe: only a shard's token may attach results to an HQE", "hqe")
-        if not (raw.isascii() and raw.isdigit() and 0 < int(raw) <= INT64_MAX):
-            raise _Refused(400, f"hqe: invalid HQE id {raw!r}: use a positive integer", "hqe")
-        hqe = HostQueueEntry.objects.select_related("job", "host").filter(id=int(raw)).first()
-        if hqe is None:
-            raise _Refused(404, f"hqe: unknown HQE {raw}", "hqe")
-        if hqe.job.shard_id != shard.id:
-            raise _Refused(403, f"hqe: HQE {raw} is not of a job on shard {shard.hostname}", "hqe")
-        return hqe
+
+def _file_name(request: Request) -> str:
+    name = request.query_params.get("name", "")
+    if not name or len(name) > 255 or "\x00" in name:
+        raise _Refused(400, "the name query parameter (the file's name, 1-255 characters) is required", "name")
+    return name
+
+
+def _shard_hqe(raw: str | None, shard: Shard | None) -> HostQueueEntry | None:
+    """The HQE `raw` names, checked to be of a job on `shard`; the shard reads a refusal naming `hqe` as
+    one of the whole run (docs/protocol.md, "Results")."""
+    if raw is None:
+        return None
+    if shard is None:
+        raise _Refused(400, "hqe: only a shard's token may attach results to an HQE", "hqe")
+    if not (raw.isascii() and raw.isdigit() and 0 < int(raw) <= INT64_MAX):
+        raise _Refused(400, f"hqe: invalid HQE id {raw!r}: use a positive integer", "hqe")
+    hqe = HostQueueEntry.objects.select_related("job", "host").filter(id=int(raw)).first()
+    if hqe is None:
+        raise _Refused(404, f"hqe: unknown HQE {raw}", "hqe")
+    if hqe.job.shard_id != shard.id:
+        raise _Refused(403, f"hqe: HQE {raw} is not of a job on shard {shard.hostname}", "hqe")
+    return hqe
 
 
 class _Refused(Exception):
     def __init__(self, status_code: int, message: str, field: str) -> None:
         super().__init__(message)
         self.response = _error(status_code, message, field)
+
+
+class IsShard(BasePermission):
+    message = "only a shard's token may report its quarantined result files"
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        return isinstance(request.user, ShardPrincipal)
+
+
+class ResultQuarantinedView(APIView):
+    """POST /api/v1/results/quarantined?name=FILE&hqe=ID: a result file the shard set aside unsent."""
+
+    schema = FleetshardAutoSchema()
+    authentication_classes = [ResultsUploadAuthentication]
+    permission_classes = [IsShard]
+    parser_classes = [BoundedJSONParser]
+
+    @extend_schema(
+        operation_id="results_quarantined",
+        tags=["results"],
+        request=QuarantineReportSerializer,
+        parameters=[
+            OpenApiParameter("name", str, required=True, description="The file's base name in the run's results/."),
+            OpenApiParameter("hqe", int, required=True, description="The HQE (of a job on this shard) it came from."),
+        ],
+        responses={
+            200: OpenApiResponse(QuarantineRecordSerializer, description="Reported before; nothing new."),
+            201: OpenApiResponse(QuarantineRecordSerializer, description="Recorded."),
+            400: OpenApiResponse(ERROR, description="Bad parameters or reason, or the HQE's reports are full."),
+            401: OpenApiResponse(ERROR, description="Missing or unknown token."),
+            403: OpenApiResponse(ERROR, description="Not a shard's token, or another shard's HQE."),
+            404: OpenApiResponse(ERROR, description="Unknown HQE."),
+        },
+    )
+    def post(self, request: Request) -> Response:
+        """Records why the shard quarantined one of an HQE's result files without sending it (a link, a
+        file over the size limit, one file too many): the job's stat and the admin list it beside the
+        files the master refused. Idempotent: the same file of the same HQE is recorded once."""
+        shard = request.user.shard if isinstance(request.user, ShardPrincipal) else None
+        try:
+            name = _file_name(request)
+            hqe = _shard_hqe(request.query_params.get("hqe"), shard)
+            if hqe is None:
+                raise _Refused(400, "the hqe query parameter (the HQE's id) is required", "hqe")
+        except _Refused as refused:
+            return refused.response
+        body = QuarantineReportSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        recorded = record_shard_quarantine(hqe, name, body.validated_data["reason"])
+        return Response(
+            QuarantineRecordSerializer({"created": recorded.created, "quarantined": recorded.rejection}).data,
+            status=status.HTTP_201_CREATED if recorded.created else status.HTTP_200_OK,
+        )

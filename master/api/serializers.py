@@ -201,7 +201,10 @@ class QuarantinedSerializer(serializers.Serializer):
 
 class HQEDetailSerializer(HQESerializer):
     quarantined = QuarantinedSerializer(
-        source="rejected_results", many=True, read_only=True, help_text="Result files the master refused."
+        source="rejected_results",
+        many=True,
+        read_only=True,
+        help_text="Result files set aside: refused by the master, or unsent by the shard.",
     )
     results = serializers.IntegerField(source="result_count", read_only=True, help_text="Test runs stored from it.")
 

@@ -22,5 +22,6 @@ urlpatterns = [
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("auth/", include("rest_framework.urls")),
     path("results/upload", results.ResultUploadView.as_view(), name="results-upload"),
+    path("results/quarantined", results.ResultQuarantinedView.as_view(), name="results-quarantined"),
     path("", include(router.urls)),
 ]

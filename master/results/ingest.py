@@ -7,7 +7,10 @@ from dataclasses import dataclass
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 
+from common.constants import MAX_RESULT_FILES_PER_RUN, MAX_RESULT_REASON_CHARS
+from common.errors import FleetshardError
 from common.models import HostQueueEntry, Shard
+from common.wire import clean_text
 from master.audit import ActingUser, record
 from master.results.formats import ParsedRun, ResultFormatError, parse_result_file
 from master.results.formats.records import clean_info
@@ -15,6 +18,8 @@ from master.results.models import RejectedResult, TestEntry, TestRun
 from master.results.regressions import detect_after_upload
 
 BOARD_PREFIX = "board:"
+# A file the shard never sent has no digest: the master never saw its bytes.
+UNSENT_DIGEST = ""
 
 
 @dataclass(frozen=True)
@@ -119,3 +124,36 @@ def record_rejection(hqe: HostQueueEntry, name: str, data: bytes, error: ResultF
         hqe=hqe, name=name[:255], digest=digest_of(data), defaults={"reason": str(error)}
     )
     return rejection
+
+
+@dataclass(frozen=True)
+class RecordedRejection:
+    rejection: RejectedResult
+    created: bool
+
+
+@transaction.atomic
+def record_shard_quarantine(hqe: HostQueueEntry, name: str, reason: str) -> RecordedRejection:
+    """Keeps a file the shard set aside without sending it (a link, too large, over the per-run cap),
+    once per (HQE, file name): a shard retrying after a lost answer changes nothing. The caller checked
+    that the shard owns `hqe`. The job chose the name, and a shard's words are input too, so both are
+    cleaned and bounded, and an HQE takes at most MAX_RESULT_FILES_PER_RUN such reports."""
+    name = clean_text(name)[:255]
+    reason = clean_text(reason).strip()[:MAX_RESULT_REASON_CHARS]
+    if not reason:
+        raise FleetshardError(
+            f"reason: say why the file was quarantined (1-{MAX_RESULT_REASON_CHARS} characters)", field="reason"
+        )
+    existing = RejectedResult.objects.filter(hqe=hqe, name=name, digest=UNSENT_DIGEST).first()
+    if existing is not None:
+        return RecordedRejection(existing, False)
+    if RejectedResult.objects.filter(hqe=hqe, digest=UNSENT_DIGEST).count() >= MAX_RESULT_FILES_PER_RUN:
+        raise FleetshardError(
+            f"hqe: HQE {hqe.id} has {MAX_RESULT_FILES_PER_RUN} quarantined files reported already", field=None
+        )
+    try:
+        with transaction.atomic():  # a savepoint: a racing retry's insert loses, the first one stands
+            rejection = RejectedResult.objects.create(hqe=hqe, name=name, digest=UNSENT_DIGEST, reason=reason)
+    except IntegrityError:
+        return RecordedRejection(RejectedResult.objects.get(hqe=hqe, name=name, digest=UNSENT_DIGEST), False)
+    return RecordedRejection(rejection, True)

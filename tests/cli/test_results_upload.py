@@ -16,8 +16,8 @@ import requests
 from click.testing import CliRunner, Result
 
 from cli.main import main
+from common.constants import MAX_RESULT_FILE_BYTES
 from master.models import TestRun
-from master.results.formats import MAX_FILE_BYTES
 from tests.cli.conftest import fails, ok
 from tests.master.results.test_formats import GB_SAMPLE, TF_SAMPLE
 from tests.support import ROOT, wait_until
@@ -119,9 +119,9 @@ def test_symlinks_and_other_non_regular_files_are_skipped_and_left(spooldir, tmp
 
 def test_a_file_larger_than_the_master_takes_is_quarantined_without_an_upload(spooldir, dead_server):
     # The master is down: a quarantine here proves nothing was sent.
-    put(spooldir, "huge.json", b" " * MAX_FILE_BYTES + json.dumps(tf_doc(1)).encode())
+    put(spooldir, "huge.json", b" " * MAX_RESULT_FILE_BYTES + json.dumps(tf_doc(1)).encode())
     result = ok(upload(dead_server, "fs_any", spooldir))
-    reason = f"huge.json: larger than {MAX_FILE_BYTES} bytes: not uploaded"
+    reason = f"huge.json: larger than {MAX_RESULT_FILE_BYTES} bytes: not uploaded"
     assert result.stdout.splitlines() == [
         f"quarantined huge.json: {reason}",
         "0 uploaded, 1 quarantined, 0 kept, 0 skipped",
@@ -129,7 +129,7 @@ def test_a_file_larger_than_the_master_takes_is_quarantined_without_an_upload(sp
     assert listing(spooldir) == ["quarantine"]
     assert listing(spooldir / "quarantine") == ["huge.json", "huge.json.error"]
     assert (spooldir / "quarantine" / "huge.json.error").read_text() == reason + "\n"
-    assert (spooldir / "quarantine" / "huge.json").stat().st_size == MAX_FILE_BYTES + len(json.dumps(tf_doc(1)))
+    assert (spooldir / "quarantine" / "huge.json").stat().st_size == MAX_RESULT_FILE_BYTES + len(json.dumps(tf_doc(1)))
 
 
 def test_a_file_another_uploader_holds_is_skipped(spooldir, dead_server):

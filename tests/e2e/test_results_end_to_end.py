@@ -1,5 +1,6 @@
 """End to end: a job on a real shard writes benchmark results; the master has them, linked to the job
-and host, and the malformed one is set aside where operators see it, without failing the job."""
+and host, and the malformed one (refused by the master) and the link (refused by the shard, unsent)
+are set aside where operators see them, without failing the job."""
 
 import json
 import os
@@ -59,7 +60,10 @@ def test_a_jobs_results_reach_the_master_and_a_malformed_file_is_quarantined(mas
         (source / name).write_bytes(data)
         (source / name).chmod(0o644)
     source.chmod(0o755)
-    command = f'mkdir "$FLEETSHARD_RESULTS_DIR/results" && cp {source}/*.json "$FLEETSHARD_RESULTS_DIR/results/"'
+    command = (
+        f'mkdir "$FLEETSHARD_RESULTS_DIR/results" && cp {source}/*.json "$FLEETSHARD_RESULTS_DIR/results/"'
+        ' && ln -s /etc/hostname "$FLEETSHARD_RESULTS_DIR/results/link.json"'
+    )
     (job,) = submit(master_server, [{"name": "bench", "command": command, "meta_hosts": [[shard.label, 1]]}])
     token = master_server.shell(
         "from master import services\n"
@@ -85,13 +89,22 @@ def test_a_jobs_results_reach_the_master_and_a_malformed_file_is_quarantined(mas
     ]
     ((hqe,),) = [stat["hqes"]]
     assert hqe["host"] == hostname
-    ((name, reason),) = [(q["name"], q["reason"]) for q in hqe["quarantined"]]
-    assert name == "broken.json" and "broken.json" in reason
-    assert f"Quarantined result files:\n  entry {hqe['id']} ({hostname}): broken.json: {reason}" in shown
+    quarantined = {q["name"]: q["reason"] for q in hqe["quarantined"]}
+    assert sorted(quarantined) == ["broken.json", "link.json"]
+    reason = quarantined["broken.json"]
+    assert "broken.json" in reason and quarantined["link.json"] == "not sent: a symbolic link"
+    assert "Quarantined result files:\n" in shown
+    assert f"  entry {hqe['id']} ({hostname}): broken.json: {reason}" in shown
+    assert f"  entry {hqe['id']} ({hostname}): link.json: not sent: a symbolic link" in shown
     (run,) = sql(shard.url, f"SELECT results_dir FROM common_hostqueueentry WHERE job_id = {job}")
     run_dir = Path(run[0])
     assert sorted(p.name for p in (run_dir / "archive").iterdir()) == ["gbench.json", "tf_results.json"]
-    assert sorted(p.name for p in (run_dir / "quarantine").iterdir()) == ["broken.json", "broken.json.error"]
+    assert sorted(p.name for p in (run_dir / "quarantine").iterdir()) == [
+        "broken.json",
+        "broken.json.error",
+        "link.json",
+        "link.json.error",
+    ]
     assert (run_dir / "quarantine" / "broken.json.error").read_text() == f"the master refused it (400): {reason}\n"
     assert list((run_dir / "results").iterdir()) == []
     assert host_id in shard.hosts.values()

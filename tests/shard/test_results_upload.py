@@ -7,19 +7,22 @@ import os
 import pwd
 import subprocess
 import threading
+import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import requests
+from django.utils import timezone
 
-from master.results.formats.records import MAX_FILE_BYTES
+from common.constants import MAX_RESULT_FILE_BYTES, MAX_RESULT_FILES_PER_RUN
+from common.models import HostQueueEntry
 from shard.client import HeartbeatClient
 from shard.config import SchedulerConfig
 from shard.isolation import JobUser
 from shard.results_upload import (
     ARCHIVED,
-    MAX_FILES_PER_RUN,
     MasterUnavailable,
     ResultsUploader,
     Sender,
@@ -29,7 +32,7 @@ from shard.results_upload import (
 )
 from shard.workspace import ARCHIVE, QUARANTINE
 from tests.shard.fleet import ACTIVE, new_shard, sql, submit, writable_by_jobs
-from tests.shard.world import ShardWorld
+from tests.shard.world import ShardWorld, make_world
 from tests.support import Master, Role, drop_database, free_port, fresh_database_url, stop, wait_until
 
 NOBODY = pwd.getpwnam("nobody")
@@ -37,17 +40,26 @@ as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the job's fi
 
 
 class Answers:
-    """Stands in for the master's answers to uploads: records what was sent, answers per name."""
+    """Stands in for the master's answers to uploads and reports: records what was sent, answers per name."""
 
     def __init__(self, **by_name: Verdict | Exception) -> None:
         self.by_name = by_name
         self.sent: list[tuple[int, str, bytes]] = []
+        self.reported: list[tuple[int, str, str]] = []
+        self.report_answers: dict[str, Verdict | Exception] = {}
 
     def send(self, hqe_id: int, name: str, data: bytes) -> Verdict:
         answer = self.by_name.get(name, ARCHIVED)
         if isinstance(answer, Exception):
             raise answer
         self.sent.append((hqe_id, name, data))
+        return answer
+
+    def report(self, hqe_id: int, name: str, reason: str) -> Verdict | None:
+        answer = self.report_answers.get(name)
+        if isinstance(answer, Exception):
+            raise answer
+        self.reported.append((hqe_id, name, reason))
         return answer
 
 
@@ -139,35 +151,42 @@ def test_a_run_without_results_has_nothing_to_do(tmp_path):
 
 
 def test_more_files_than_the_cap_are_quarantined_unsent(tmp_path):
-    names = {f"r{i:05d}.json": b"{}" for i in range(MAX_FILES_PER_RUN + 2)}
+    names = {f"r{i:05d}.json": b"{}" for i in range(MAX_RESULT_FILES_PER_RUN + 2)}
     run = make_run(tmp_path, names)
     answers = Answers()
     assert upload(run, answers)
-    assert len(answers.sent) == MAX_FILES_PER_RUN
-    assert len(listing(run / ARCHIVE)) == MAX_FILES_PER_RUN
+    assert len(answers.sent) == MAX_RESULT_FILES_PER_RUN
+    assert len(listing(run / ARCHIVE)) == MAX_RESULT_FILES_PER_RUN
     last = sorted(names)[-1]
-    assert (run / QUARANTINE / f"{last}.error").read_text() == (
-        f"not sent: more than {MAX_FILES_PER_RUN} result files in one run\n"
-    )
+    over_cap = f"not sent: more than {MAX_RESULT_FILES_PER_RUN} result files in one run"
+    assert (run / QUARANTINE / f"{last}.error").read_text() == over_cap + "\n"
+    # One report for all of them, named after the first: a job may write any number of files.
+    first = sorted(names)[MAX_RESULT_FILES_PER_RUN]
+    assert answers.reported == [(12, first, f"{over_cap}: this one and 1 more quarantined unsent")]
 
 
 def test_the_cap_counts_the_files_sent_before_a_restart(tmp_path):
-    run = make_run(tmp_path, {f"r{i:05d}.json": b"{}" for i in range(MAX_FILES_PER_RUN + 1)})
+    run = make_run(tmp_path, {f"r{i:05d}.json": b"{}" for i in range(MAX_RESULT_FILES_PER_RUN + 1)})
     answers = Answers(**{"r00010.json": MasterUnavailable("down")})
     with pytest.raises(MasterUnavailable):
         upload(run, answers)
     answers.by_name.clear()
     assert upload(run, answers)
-    assert len(answers.sent) == MAX_FILES_PER_RUN
-    assert listing(run / QUARANTINE) == [f"r{MAX_FILES_PER_RUN:05d}.json", f"r{MAX_FILES_PER_RUN:05d}.json.error"]
+    assert len(answers.sent) == MAX_RESULT_FILES_PER_RUN
+    assert listing(run / QUARANTINE) == [
+        f"r{MAX_RESULT_FILES_PER_RUN:05d}.json",
+        f"r{MAX_RESULT_FILES_PER_RUN:05d}.json.error",
+    ]
 
 
 def test_a_file_larger_than_the_masters_limit_is_quarantined_unsent(tmp_path):
-    run = make_run(tmp_path, {"huge.json": b" " * (MAX_FILE_BYTES + 1)})
+    run = make_run(tmp_path, {"huge.json": b" " * (MAX_RESULT_FILE_BYTES + 1)})
     answers = Answers()
     assert upload(run, answers)
     assert answers.sent == []
-    assert (run / QUARANTINE / "huge.json.error").read_text() == f"not sent: larger than {MAX_FILE_BYTES} bytes\n"
+    reason = f"not sent: larger than {MAX_RESULT_FILE_BYTES} bytes"
+    assert (run / QUARANTINE / "huge.json.error").read_text() == reason + "\n"
+    assert answers.reported == [(12, "huge.json", reason)]
 
 
 def test_a_name_with_odd_characters_is_sent_and_moved_as_it_is(tmp_path):
@@ -198,6 +217,40 @@ def test_links_pipes_and_directories_are_never_opened_but_quarantined(tmp_path):
     assert (quarantine / "pipe.json.error").read_text() == "not sent: not a regular file\n"
     assert (quarantine / "dir.json.error").read_text() == "not sent: not a regular file\n"
     assert secret.read_text() == "the shard's token"
+    assert answers.reported == [
+        (12, "dir.json", "not sent: not a regular file"),
+        (12, "hard.json", "not sent: a hard link (2 names)"),
+        (12, "link.json", "not sent: a symbolic link"),
+        (12, "pipe.json", "not sent: not a regular file"),
+    ]
+
+
+def test_a_file_refused_unsent_stays_until_the_master_has_heard_why(tmp_path):
+    run = make_run(tmp_path, {"a.json": b"{}", "z.json": b"{}"})
+    (run / "results" / "link.json").symlink_to(tmp_path)
+    answers = Answers()
+    answers.report_answers["link.json"] = MasterUnavailable("down")
+    with pytest.raises(MasterUnavailable):
+        upload(run, answers)
+    assert listing(run / "results") == ["link.json", "z.json"]
+    assert not (run / QUARANTINE).exists()
+    answers.report_answers.clear()
+    assert upload(run, answers)
+    assert answers.reported == [(12, "link.json", "not sent: a symbolic link")]
+    assert listing(run / QUARANTINE) == ["link.json", "link.json.error"]
+    assert listing(run / ARCHIVE) == ["a.json", "z.json"]
+
+
+def test_a_report_the_master_refuses_for_the_run_quarantines_the_rest_unsent(tmp_path):
+    run = make_run(tmp_path, {"z.json": b"{}"})
+    (run / "results" / "link.json").symlink_to(tmp_path)
+    refused = Verdict(True, "the master refused HQE 12 (403): not this shard's", whole_run=True)
+    answers = Answers()
+    answers.report_answers["link.json"] = refused
+    assert upload(run, answers)
+    assert answers.sent == []
+    assert (run / QUARANTINE / "link.json.error").read_text() == "not sent: a symbolic link\n"
+    assert (run / QUARANTINE / "z.json.error").read_text() == refused.reason + "\n"
 
 
 @as_root
@@ -208,6 +261,7 @@ def test_another_users_file_is_not_sent(tmp_path):
     assert upload(run, answers)
     assert answers.sent == []
     assert (run / QUARANTINE / "theirs.json.error").read_text() == "not sent: owned by uid 4242\n"
+    assert answers.reported == [(12, "theirs.json", "not sent: owned by uid 4242")]
 
 
 @as_root
@@ -277,6 +331,36 @@ def test_only_ended_runs_are_taken_and_a_restart_finds_what_is_left(world):
     world.run_until(lambda: world.finished(running), what="the second job to end")
     restarted.find_ended()
     assert list(restarted.pending) == [world.hqe(running).id]
+
+
+def test_retention_keeps_a_run_until_its_files_are_uploaded_and_a_restart_still_finds_it(tmp_path, db, request):
+    world = make_world(tmp_path, request, retention_days=1, upload_grace_days=2, retention_every_s=0)
+    world.host("h1", ("lab",))
+    ended = world.job(WRITES_RESULTS, meta_host="lab")
+    world.run_until(lambda: world.finished(ended), what="the job to end")
+    hqe = world.hqe(ended)
+    run = Path(hqe.results_dir)
+    # The master was out of reach for two days: the run is past the retention, its file still unsent.
+    HostQueueEntry.objects.filter(id=hqe.id).update(finished_on=timezone.now() - timedelta(days=2))
+    age(run, 2)
+    world.scheduler.tick()
+    assert listing(run / "results") == ["r.json"]
+    # A shard started now looks as far back as retention keeps runs waiting, and sends the file.
+    uploader = uploader_for(world, Answers())
+    uploader.find_ended()
+    assert list(uploader.pending) == [hqe.id]
+    uploader.upload_pending(threading.Event())
+    assert listing(run / ARCHIVE) == ["r.json"]
+    age(run, 2)
+    world.scheduler.tick()
+    assert not run.exists()
+
+
+def age(run: Path, days: float) -> None:
+    """Dates the run's directory and log `days` back, as retention sees them."""
+    then = time.time() - days * 86400
+    for path in (run / "job.log", run):
+        os.utime(path, (then, then))
 
 
 # Against a real master (the results endpoint of master/api/results.py) and real shard processes.
@@ -350,6 +434,29 @@ def test_an_unknown_hqe_or_another_shards_quarantines_the_whole_run(master_serve
     assert upload_run(unknown, 2**40, sender_of(master_server, shard), owners(), threading.Event())
     assert (unknown / QUARANTINE / "a.json.error").read_text().startswith(f"the master refused HQE {2**40} (404): ")
     assert stored_runs(master_server, test) == []
+
+
+@pytest.mark.e2e
+def test_files_refused_unsent_are_reported_to_the_master_once(master_server, tmp_path, lab):
+    shard, hqe_id = lab
+    run = make_run(tmp_path, {})
+    (run / "results" / "link.json").symlink_to(tmp_path)
+    os.mkfifo(run / "results" / "pipe.json")
+    sender = sender_of(master_server, shard)
+    assert upload_run(run, hqe_id, sender, owners(), threading.Event())
+    query = f"SELECT name, digest, reason FROM master_rejectedresult WHERE hqe_id = {hqe_id} ORDER BY name"
+    expected = [("link.json", "", "not sent: a symbolic link"), ("pipe.json", "", "not sent: not a regular file")]
+    assert master_rows(master_server, query) == expected
+    # A crash between the report and the move: reported again, recorded once.
+    (run / QUARANTINE / "link.json").rename(run / "results" / "link.json")
+    assert upload_run(run, hqe_id, sender, owners(), threading.Event())
+    assert master_rows(master_server, query) == expected
+    # A master without the endpoint (a 404 naming no field): the file is set aside all the same.
+    (run / "results" / "old.json").symlink_to(tmp_path)
+    sender.report_url = f"{master_server.url}/api/v1/results/nowhere"
+    assert upload_run(run, hqe_id, sender, owners(), threading.Event())
+    assert listing(run / "results") == []
+    assert master_rows(master_server, query) == expected
 
 
 @pytest.mark.e2e

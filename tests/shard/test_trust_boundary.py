@@ -350,11 +350,12 @@ def test_a_meta_host_job_never_uses_one_host_twice_even_across_a_restart(world):
 def test_the_limits_and_the_job_environment_come_from_settings(settings, tmp_path, db, request):
     settings.FLEETSHARD_MAX_LOG_BYTES = 500
     settings.FLEETSHARD_RESULTS_RETENTION_DAYS = 0.5
+    settings.FLEETSHARD_RESULTS_UPLOAD_GRACE_DAYS = 2
     settings.FLEETSHARD_JOB_ENV_PASSTHROUGH = "TOOLCHAIN, EXTRA ,FLEETSHARD_SHARD_TOKEN,DATABASE_URL"
     settings.FLEETSHARD_JOB_USER = "root"
     settings.FLEETSHARD_RESULTS_DIR = tmp_path / "results"
     config = SchedulerConfig.from_settings()
-    assert (config.max_log_bytes, config.retention_days) == (500, 0.5)
+    assert (config.max_log_bytes, config.retention_days, config.upload_horizon_days) == (500, 0.5, 2.5)
     assert config.env_passthrough == ("TOOLCHAIN", "EXTRA")
     assert config.job_user is None
     world = make_world(tmp_path, request)

@@ -1,24 +1,24 @@
 """Result files in, `ParsedRun` out: the format is recognised by content, never by the file's name."""
 
+from common.constants import MAX_RESULT_FILE_BYTES
 from common.wire import WireError, loads
 from master.results.formats import google_benchmark, tensorflow
 from master.results.formats.records import (
     MAX_ENTRIES,
-    MAX_FILE_BYTES,
     ParsedEntry,
     ParsedRun,
     Reader,
     ResultFormatError,
 )
 
-__all__ = ["MAX_ENTRIES", "MAX_FILE_BYTES", "ParsedEntry", "ParsedRun", "ResultFormatError", "parse_result_file"]
+__all__ = ["MAX_ENTRIES", "ParsedEntry", "ParsedRun", "ResultFormatError", "parse_result_file"]
 
 
 def parse_result_file(name: str, data: bytes) -> ParsedRun:
     """Parses one result file; `name` (the file's name) is only used in error messages."""
     r = Reader(name)
-    if len(data) > MAX_FILE_BYTES:
-        raise r.fail("", f"larger than {MAX_FILE_BYTES} bytes ({len(data)})")
+    if len(data) > MAX_RESULT_FILE_BYTES:
+        raise r.fail("", f"larger than {MAX_RESULT_FILE_BYTES} bytes ({len(data)})")
     try:
         doc = loads(data)
     except WireError as exc:

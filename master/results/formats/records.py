@@ -12,7 +12,6 @@ from typing import Any
 
 from common.wire import MAX_NAME_CHARS, TIME_MAX, TIME_MIN, YEAR_MAX, YEAR_MIN, clean_text, has_unsafe_chars
 
-MAX_FILE_BYTES = 16 * 1024 * 1024
 MAX_ENTRIES = 10_000
 MAX_EXTRAS = 100
 MAX_EXTRA_CHARS = 1024

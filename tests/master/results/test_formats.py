@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from master.results.formats import MAX_ENTRIES, MAX_FILE_BYTES, ParsedEntry, ResultFormatError, parse_result_file
+from common.constants import MAX_RESULT_FILE_BYTES
+from master.results.formats import MAX_ENTRIES, ParsedEntry, ResultFormatError, parse_result_file
 
 # As tensorflow/tools/test/run_and_gather_logs writes it (proto-JSON: int64 as strings).
 TF_SAMPLE = {
@@ -285,8 +286,8 @@ def test_every_error_names_the_file_and_the_field(doc, expected):
 
 
 def test_too_large_a_file_is_refused_before_it_is_read():
-    data = b" " * MAX_FILE_BYTES + raw(TF_SAMPLE)
-    assert error_of(data, "big.json") == f"big.json: larger than {MAX_FILE_BYTES} bytes ({len(data)})"
+    data = b" " * MAX_RESULT_FILE_BYTES + raw(TF_SAMPLE)
+    assert error_of(data, "big.json") == f"big.json: larger than {MAX_RESULT_FILE_BYTES} bytes ({len(data)})"
 
 
 def test_too_many_entries_are_refused():

@@ -7,10 +7,9 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from common.models import HostQueueEntry
+from common.constants import MAX_RESULT_FILE_BYTES
 from master import services
 from master.models import AuditRecord, RejectedResult, TestEntry, TestRun
-from master.results.formats import MAX_FILE_BYTES
 from tests.master.api.conftest import client_for
 from tests.master.results.test_formats import GB_SAMPLE, TF_SAMPLE
 
@@ -21,16 +20,6 @@ def upload(client, data, name="bench.json", **params):
     body = data if isinstance(data, bytes) else json.dumps(data).encode()
     query = "&".join(f"{k}={v}" for k, v in {"name": name, **params}.items())
     return client.post(f"{URL}?{query}", data=body, content_type="application/octet-stream")
-
-
-@pytest.fixture
-def shard_hqe(fleet):
-    """An HQE of a job on lab1, with its host, as a shard uploads for."""
-    job = fleet.job()
-    hqe = HostQueueEntry.objects.get(job=job)
-    hqe.host = services.get_hosts(["a1"])[0]
-    hqe.save(update_fields=["host"])
-    return hqe
 
 
 def test_a_person_uploads_both_formats_and_the_upload_is_audited(fleet, staff):
@@ -124,7 +113,7 @@ def test_a_malformed_upload_by_a_person_records_nothing(fleet, staff):
 def test_a_file_over_the_bound_is_413(fleet):
     # Django's own test client: the schema checker would read the refused body after the view.
     token = services.create_personal_token("boss", admin=True, acting_user=None)[1]
-    resp = upload(Client(HTTP_AUTHORIZATION=f"Bearer {token}"), b" " * (MAX_FILE_BYTES + 1))
+    resp = upload(Client(HTTP_AUTHORIZATION=f"Bearer {token}"), b" " * (MAX_RESULT_FILE_BYTES + 1))
     assert resp.status_code == 413
     assert resp.json()["detail"] == {"field": "body"}
 
