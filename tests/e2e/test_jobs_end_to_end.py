@@ -46,7 +46,7 @@ def test_two_hundred_jobs_over_two_shards(master_server, tmp_path):
     )
     assert sorted(s for (s,) in job_statuses) == sorted(e[0] for e in expected)
     runs, bad = overlaps([s.process.role.data_dir / "results" for s in shards])
-    assert runs == JOBS and bad == []
+    assert (runs, bad) == (JOBS, [])
     for shard in shards:
         per_shard = sum(1 for e in expected if e[2] == set(shard.hosts.values()))
         assert per_shard == JOBS // 2

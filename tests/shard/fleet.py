@@ -143,13 +143,17 @@ def master_hqes(master: Master, job_ids: list[int]) -> list[tuple[Any, ...]]:
 def overlaps(results_roots: list[Path]) -> tuple[int, list[str]]:
     """Reads the start/end files the TIMED jobs wrote; returns (runs seen, problems per host).
 
-    A problem is two runs of one host that overlap, or a run that started but left no end: such a
+    A problem is two runs of one host that overlap, a run with a log but no start file (its shell could
+    not fork `date`, say), or a run that started but left no end: such a
     run is named with its directory and its log (which says why: killed, `date` failed...), since
     its end is unknown and could hide an overlap.
     """
     runs: dict[str, list[tuple[int, int]]] = {}
     bad = []
     for root in results_roots:
+        for log in sorted(root.glob("*/*/job.log")):
+            if not log.with_name("start").exists():
+                bad.append(f"{log.parent}: ran, wrote no start file; {_log_of(log.parent)}")
         for start_file in sorted(root.glob("*/*/start")):
             end_file = start_file.with_name("end")
             hostname, start = start_file.read_text().split()
