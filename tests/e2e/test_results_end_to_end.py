@@ -88,7 +88,10 @@ def test_a_jobs_results_reach_the_master_and_a_malformed_file_is_quarantined(mas
     ((name, reason),) = [(q["name"], q["reason"]) for q in hqe["quarantined"]]
     assert name == "broken.json" and "broken.json" in reason
     assert f"Quarantined result files:\n  entry {hqe['id']} ({hostname}): broken.json: {reason}" in shown
-    (run,) = sql(shard.url, f"SELECT results_dir FROM common_hostqueueentry WHERE job_id = {job}")
+    query = (
+        f"SELECT r.results_dir FROM shard_run r JOIN common_hostqueueentry q ON q.id = r.hqe_id WHERE q.job_id={job}"
+    )
+    (run,) = sql(shard.url, query)
     run_dir = Path(run[0])
     assert sorted(p.name for p in (run_dir / "archive").iterdir()) == ["gbench.json", "tf_results.json"]
     assert sorted(p.name for p in (run_dir / "quarantine").iterdir()) == ["broken.json", "broken.json.error"]

@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 
 from common.constants import HQEStatus
 from common.models import Host, HostQueueEntry, Job
-from shard.models import DeadLetter, OutboxEntry
+from shard.models import DeadLetter, OutboxEntry, Run
 from shard.services import finish_hqe, transition_hqe
 from tests.shard.world import apply_wire
 
@@ -67,7 +67,7 @@ def lab(db: None, tmp_path: Path) -> dict[str, Any]:
     results.mkdir()
     (results / "job.log").write_text("".join(f"step {i}\n" for i in range(50)) + "still flashing the build\n")
     transition_hqe(100, HQEStatus.RUNNING, host_id=1)
-    HostQueueEntry.objects.filter(id=100).update(results_dir=str(results))
+    Run.objects.create(hqe_id=100, runner="lab1:1:1", pid=4242, results_dir=str(results))
     Host.objects.filter(id=1).update(status="Running")
     transition_hqe(110, HQEStatus.RUNNING, host_id=3)
     finish_hqe(110, HQEStatus.FAILED, failure="test", exit_code=3, log_tail="assertion failed: screen is off\n")

@@ -8,7 +8,7 @@ from django.test.utils import CaptureQueriesContext
 from common.models import Host, HostQueueEntry, Job
 from common.wire import HeartbeatResponse
 from shard.ingest import apply_response, known_hosts, known_jobs
-from shard.models import DeadLetter, OutboxEntry, ShardState
+from shard.models import DeadLetter, HostState, OutboxEntry, ShardState
 from shard.services import finish_hqe, transition_hqe
 from tests.shard.world import apply_wire
 
@@ -107,7 +107,7 @@ def test_removed_busy_host_finishes_its_job_first(db):
     apply_wire(response(hosts=[host_wire()], jobs=[job_wire(hqes=[{"id": 500, "host_id": 12, "meta_host": None}])]))
     transition_hqe(500, "Running", host_id=12)
     apply_wire(response(removed_host_ids=[12]))
-    assert Host.objects.get(id=12).retired
+    assert HostState.objects.get(host_id=12).retired
     finish_hqe(500, "Completed", exit_code=0)
     apply_wire(response())
     assert not Host.objects.filter(id=12).exists()
@@ -188,7 +188,7 @@ def test_a_hostname_reused_twice_while_its_old_hosts_are_busy(db):
     hosts = dict(Host.objects.values_list("id", "hostname"))
     assert hosts[14] == name
     assert len(set(hosts.values())) == 3 and all(len(h) <= 255 for h in hosts.values())
-    assert Host.objects.filter(retired=True).count() == 2
+    assert HostState.objects.filter(retired=True).count() == 2
 
 
 def test_a_record_the_database_refuses_costs_only_itself(db):
