@@ -27,8 +27,8 @@ def _batches(rows: Any, key: str) -> Iterator[list[dict[str, Any]]]:
         batch = list(page[:BATCH])
         if not batch:
             return
-        yield batch
         last = batch[-1][key]
+        yield batch
 
 
 def copy_to_tables(apps: Any, schema_editor: BaseDatabaseSchemaEditor) -> None:

@@ -210,3 +210,33 @@ def test_a_record_the_database_refuses_costs_only_itself(db):
     assert HostQueueEntry.objects.get(id=510).status == "Aborted"
     # The refused job is not held, so the master sends it again.
     assert 101 not in [j["id"] for j in known_jobs()]
+
+
+def test_every_host_gets_its_state_and_a_retired_host_sent_again_serves_again(db):
+    apply_wire(response(hosts=[host_wire(), host_wire(13)], jobs=[job_wire(hqes=[{"id": 500, "host_id": 12}])]))
+    assert list(HostState.objects.values_list("host_id", "runner", "retired")) == [(12, "", False), (13, "", False)]
+    transition_hqe(500, "Running", host_id=12)
+    HostState.objects.filter(host_id=12).update(runner="lab1:77:1")
+    apply_wire(response(removed_host_ids=[12]))
+    assert HostState.objects.get(host_id=12).retired
+
+    apply_wire(response(hosts=[host_wire(version=2)]))
+
+    assert list(HostState.objects.filter(host_id=12).values_list("runner", "retired")) == [("lab1:77:1", False)]
+
+
+def test_the_shards_side_of_the_heartbeat_costs_pinned_queries(db, django_assert_num_queries):
+    """New hosts, the same hosts changed, some removed: the states of an answer's hosts take one query."""
+
+    def hosts(ids: range, version: int = 1) -> list[dict[str, Any]]:
+        return [host_wire(i, version, labels=["board:a"], attributes={}) for i in ids]
+
+    with django_assert_num_queries(26):
+        apply_wire(response(hosts=hosts(range(1, 2))))
+    with django_assert_num_queries(120):
+        apply_wire(response(hosts=hosts(range(100, 110))))
+    with django_assert_num_queries(90):
+        apply_wire(response(hosts=hosts(range(100, 110), version=2)))
+    with django_assert_num_queries(14):
+        apply_wire(response(removed_host_ids=[100, 101]))
+    assert sorted(HostState.objects.values_list("host_id", flat=True)) == [1, *range(102, 110)]

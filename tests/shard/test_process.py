@@ -86,7 +86,7 @@ def running(transactional_db, settings, tmp_path):
 
 
 def hqe_row(job_id: int) -> tuple[str, str, int | None]:
-    return HostQueueEntry.objects.filter(job_id=job_id).values_list("status", "failure", "pid").get()
+    return HostQueueEntry.objects.filter(job_id=job_id).values_list("status", "failure", "run__pid").get()
 
 
 def test_sigterm_drains_then_stops_the_run_as_infra_and_tells_the_master(master_server, running):
