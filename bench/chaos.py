@@ -343,7 +343,8 @@ def startable_hqes(url: str) -> int:
     query = (
         "SELECT count(DISTINCT q.id) FROM common_hostqueueentry q JOIN common_job j ON j.id = q.job_id "
         "JOIN common_host_labels hl ON hl.label_id = q.meta_host_id JOIN common_host h ON h.id = hl.host_id "
-        "WHERE q.status = 'Queued' AND NOT j.aborted AND h.status = 'Ready' AND h.runner = '' AND NOT h.locked"
+        "JOIN shard_hoststate s ON s.host_id = h.id "
+        "WHERE q.status = 'Queued' AND NOT j.aborted AND h.status = 'Ready' AND s.runner = '' AND NOT h.locked"
     )
     return int(sql(url, query)[0][0])
 

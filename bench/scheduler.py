@@ -27,10 +27,11 @@ from django.db import connection  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from common.models import Host, HostQueueEntry  # noqa: E402
+from common.models import HostQueueEntry  # noqa: E402
 from common.wire import HeartbeatResponse, format_time  # noqa: E402
 from shard.config import SchedulerConfig  # noqa: E402
 from shard.ingest import apply_response  # noqa: E402
+from shard.models import HostState  # noqa: E402
 from shard.scheduler import Scheduler  # noqa: E402
 
 _next_id = {"host": 1_000_000, "job": 1_000_000}
@@ -78,7 +79,7 @@ def measure(hosts: int, jobs: int, results: Path) -> None:
         scheduler.tick()
         time.sleep(config.tick_s)
     took = time.perf_counter() - began
-    Host.objects.filter(hostname__startswith="bench-").update(retired=True)
+    HostState.objects.filter(host__hostname__startswith="bench-").update(retired=True)
     print(
         f"{hosts:>4} hosts {jobs:>5} jobs: {took:6.1f} s, {jobs / took:6.1f} jobs/s; "
         f"first scheduling pass over {jobs} queued: {len(pass_queries)} queries, {pass_s * 1000:.0f} ms",

@@ -82,12 +82,6 @@ class Host(models.Model):
     status = models.CharField(max_length=32, choices=_choices(HostStatus.ALL), default=HostStatus.READY)
     shard = models.ForeignKey(Shard, null=True, blank=True, on_delete=models.SET_NULL, related_name="hosts")
     version = models.PositiveIntegerField(default=1)
-    # Shard-side only: the master no longer assigns this host; dropped once it is idle.
-    retired = models.BooleanField(default=False)
-    # Shard-side only: the scheduler process handling the host (claim to Ready), and the config
-    # version whose repair failed; a newer version from the master makes the shard try again.
-    runner = models.CharField(max_length=255, blank=True, default="")
-    repair_failed_version = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["hostname"]
@@ -148,10 +142,6 @@ class HostQueueEntry(models.Model):
     log_tail = models.TextField(blank=True, default="")
     # Master: the highest outbox seq applied to this HQE (duplicates are at or below it).
     last_seq = models.BigIntegerField(default=0)
-    # Shard-side execution bookkeeping.
-    results_dir = models.CharField(max_length=1024, blank=True, default="")
-    pid = models.IntegerField(null=True, blank=True)
-    runner = models.CharField(max_length=255, blank=True, default="")
 
     class Meta:
         ordering = ["id"]

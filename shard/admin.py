@@ -33,7 +33,7 @@ from common.admin_ui import (
 )
 from common.constants import HostStatus, HQEStatus
 from common.models import Host, HostQueueEntry, Job, Label
-from shard.models import DeadLetter, OutboxEntry, ShardState
+from shard.models import DeadLetter, OutboxEntry, ShardState, run_of
 from shard.workspace import run_log_tail
 
 
@@ -93,14 +93,15 @@ class ReadOnlyAdmin(NoWrites, _ModelAdmin):
 
 def _log(hqe: HostQueueEntry, lines: int | None) -> SafeString:
     """The uploaded tail of an ended run; a running one's is read from its log file as it grows."""
-    tail = hqe.log_tail if hqe.log_tail or not hqe.is_active else run_log_tail(hqe.results_dir)
+    run = run_of(hqe)
+    tail = hqe.log_tail if hqe.log_tail or not hqe.is_active else run_log_tail(run.results_dir if run else "")
     return pre(tail, lines=lines)
 
 
 @admin.register(Host, site=shard_site)
 class HostAdmin(HostColumns, ReadOnlyAdmin):
     list_display = ["hostname", "status_badge", "locked_badge", "lock_reason", "label_list", "retired", "version"]
-    list_filter = ["status", "locked", "labels", "retired"]
+    list_filter = ["status", "locked", "labels", ("state__retired", admin.BooleanFieldListFilter)]
     search_fields = ["hostname"]
     readonly_fields = [
         "hostname",
@@ -110,9 +111,21 @@ class HostAdmin(HostColumns, ReadOnlyAdmin):
         "lock_reason",
         "attributes",
         "retired",
+        "runner",
         "version",
     ]
     fields = tuple(readonly_fields)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Host]:
+        return super().get_queryset(request).select_related("state")
+
+    @admin.display(description="retired", boolean=True, ordering="state__retired")
+    def retired(self, obj: Host) -> bool:
+        return obj.state.retired
+
+    @admin.display(description="held by (scheduler process)")
+    def runner(self, obj: Host) -> str:
+        return obj.state.runner
 
 
 class ActiveFilter(admin.SimpleListFilter):
@@ -135,7 +148,6 @@ class HQEAdmin(ReadOnlyAdmin):
     list_display = ["id", "job", "host", "meta_host", "status_badge", "failure", "started_on", "runtime", "log_lines"]
     list_filter = [ActiveFilter, "status", "failure"]
     search_fields = ["job__name", "host__hostname"]
-    list_select_related = ["job", "host", "meta_host"]
     readonly_fields = [
         "id",
         "job",
@@ -152,6 +164,20 @@ class HQEAdmin(ReadOnlyAdmin):
         "full_log",
     ]
     fields = tuple(readonly_fields)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[HostQueueEntry]:
+        # Here rather than list_select_related, which the change list skips once a query selects any.
+        return super().get_queryset(request).select_related("job", "host", "meta_host", "run")
+
+    @admin.display(description="results dir")
+    def results_dir(self, obj: HostQueueEntry) -> str:
+        run = run_of(obj)
+        return run.results_dir if run else ""
+
+    @admin.display(description="pid")
+    def pid(self, obj: HostQueueEntry) -> int | None:
+        run = run_of(obj)
+        return run.pid if run else None
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj: HostQueueEntry) -> SafeString:
@@ -175,6 +201,9 @@ class HQEAdmin(ReadOnlyAdmin):
 
 class HQEInline(HQEInlineBase):
     show_change_link = True
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[HostQueueEntry]:
+        return super().get_queryset(request).select_related("run")
 
     @admin.display(description="log tail")
     def log(self, obj: HostQueueEntry) -> SafeString:

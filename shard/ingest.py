@@ -20,7 +20,7 @@ from common.constants import HQEStatus
 from common.jobstatus import refresh_job_statuses
 from common.models import Host, HostQueueEntry, Job, Label
 from common.wire import Ack, HeartbeatResponse, HostRecord, JobRecord
-from shard.models import DeadLetter, OutboxEntry, ShardState
+from shard.models import DeadLetter, HostState, OutboxEntry, ShardState
 from shard.services import abort_queued_hqes
 
 log = logging.getLogger(__name__)
@@ -66,12 +66,12 @@ def _apply_acks(acks: list[Ack]) -> tuple[int, int]:
 
 def _remove_hosts(host_ids: list[int]) -> None:
     """A removed host finishes its running job first: it is retired now and dropped once idle."""
-    Host.objects.filter(id__in=host_ids).update(retired=True)
+    HostState.objects.filter(host_id__in=host_ids).update(retired=True)
 
 
 def drop_idle_retired_hosts() -> int:
     busy = HostQueueEntry.objects.filter(status__in=HQEStatus.ACTIVE, host_id__isnull=False).values("host_id")
-    deleted, _ = Host.objects.filter(retired=True).exclude(id__in=busy).delete()
+    deleted, _ = Host.objects.filter(state__retired=True).exclude(id__in=busy).delete()
     return deleted
 
 
@@ -96,14 +96,22 @@ def _one_record(what: str, action: Callable[[], None]) -> bool:
 
 
 def _upsert_hosts(hosts: list[HostRecord]) -> None:
+    """Stores the hosts, then gives each stored one its state in one query: new, or no longer retired
+    (the master assigns it again)."""
     labels = _labels({name for h in hosts for name in h.labels})
-    for data in hosts:
-        _one_record(f"host {data.id} ({data.hostname})", partial(_upsert_host, data, labels))
+    stored = [h.id for h in hosts if _one_record(f"host {h.id} ({h.hostname})", partial(_upsert_host, h, labels))]
+    if stored:
+        HostState.objects.bulk_create(
+            [HostState(host_id=host_id) for host_id in stored],
+            update_conflicts=True,
+            unique_fields=["host"],
+            update_fields=["retired"],
+        )
 
 
 def _upsert_host(data: HostRecord, labels: dict[str, Label]) -> None:
     # A retired host may still hold the hostname that the master gave to a new host.
-    for old in Host.objects.filter(hostname=data.hostname, retired=True).exclude(id=data.id):
+    for old in Host.objects.filter(hostname=data.hostname, state__retired=True).exclude(id=data.id):
         Host.objects.filter(id=old.id).update(hostname=retired_name(old.hostname, old.id))
     host, _ = Host.objects.update_or_create(
         id=data.id,
@@ -113,7 +121,6 @@ def _upsert_host(data: HostRecord, labels: dict[str, Label]) -> None:
             "lock_reason": data.lock_reason,
             "attributes": data.attributes,
             "version": data.version,
-            "retired": False,
         },
     )
     host.labels.set([labels[name] for name in data.labels])

@@ -1,8 +1,8 @@
 """A host's life between jobs: `Cleaning` then `Ready` after a good run, `Repairing` after a bad one.
 
 Host status is the shard's to set and reaches the master through `known_hosts`. Every change here is
-a conditional UPDATE on the host's runner (the scheduler process that holds it), so two scheduler
-processes on one database never both act on one host.
+a conditional UPDATE on the host's runner (the scheduler process that holds it, shard.models.HostState)
+through shard.services.move_host, so two scheduler processes on one database never both act on one host.
 """
 
 import logging
@@ -10,7 +10,6 @@ import signal
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from django.db.models import F, Q
 
@@ -19,6 +18,8 @@ from common.models import Host
 from shard.config import SchedulerConfig
 from shard.executor import Executor, RunHandle, RunSpec
 from shard.isolation import give_to
+from shard.locks import shard_write
+from shard.services import HostTaken, move_host
 from shard.workspace import BadHost, attributes_of, command_env, host_command_dir
 
 log = logging.getLogger(__name__)
@@ -45,10 +46,18 @@ class HostLifecycle:
         self.config = config
         self.tasks: dict[int, HostTask] = {}
 
-    def _set(self, host_id: int, status: str, *, release: bool = False, **extra: Any) -> bool:
-        runner = "" if release else self.runner_id
-        changed = Host.objects.filter(id=host_id, runner=self.runner_id).update(status=status, runner=runner, **extra)
-        return changed == 1
+    def _set(self, host_id: int, status: str, *, release: bool = False, failed_repair: bool = False) -> bool:
+        """Moves a host this process holds; False (nothing changed) when it holds it no more."""
+        holder = "" if release else self.runner_id
+        try:
+            with shard_write():
+                move_host(host_id, status, held_by=self.runner_id, holder=holder, failed_repair=failed_repair)
+        except HostTaken:
+            return False
+        return True
+
+    def _held(self, host_id: int) -> Host | None:
+        return Host.objects.filter(id=host_id, state__runner=self.runner_id).first()
 
     def _start_command(self, host: Host, kind: str, command: str) -> HostTask:
         task = HostTask(host.id, host.hostname, kind, deadline=time.monotonic() + self.config.host_command_timeout_s)
@@ -81,7 +90,7 @@ class HostLifecycle:
             self.repair(host_id)
 
     def clean(self, host_id: int) -> None:
-        host = Host.objects.filter(id=host_id, runner=self.runner_id).first()
+        host = self._held(host_id)
         if host is None or not self._set(host_id, HostStatus.CLEANING):
             return
         try:
@@ -95,7 +104,7 @@ class HostLifecycle:
             self.tasks[host_id] = HostTask(host_id, host.hostname, CLEANUP, cooldown_until=self._cooldown_end())
 
     def repair(self, host_id: int) -> None:
-        host = Host.objects.filter(id=host_id, runner=self.runner_id).first()
+        host = self._held(host_id)
         if host is None or not self._set(host_id, HostStatus.REPAIRING):
             return
         try:
@@ -113,7 +122,7 @@ class HostLifecycle:
         """A host whose config cannot be used gets no work until the master changes it."""
         log.warning("%s: Repair Failed until its config changes", reason)
         self.tasks.pop(host.id, None)
-        self._set(host.id, HostStatus.REPAIR_FAILED, release=True, repair_failed_version=F("version"))
+        self._set(host.id, HostStatus.REPAIR_FAILED, release=True, failed_repair=True)
 
     def _cooldown_end(self) -> float:
         return time.monotonic() + self.config.cooldown_s
@@ -164,19 +173,27 @@ class HostLifecycle:
             self._set(task.host_id, HostStatus.READY, release=True)
         else:
             log.warning("host %s: repair failed (exit %s): no work until its config changes", task.hostname, code)
-            self._set(task.host_id, HostStatus.REPAIR_FAILED, release=True, repair_failed_version=F("version"))
+            self._set(task.host_id, HostStatus.REPAIR_FAILED, release=True, failed_repair=True)
 
     def retry_failed_repairs(self) -> None:
         """A `Repair Failed` host whose config the master changed since (an unlock, say) is repaired again."""
-        newer = Q(repair_failed_version__isnull=True) | Q(version__gt=F("repair_failed_version"))
+        newer = Q(state__repair_failed_version__isnull=True) | Q(version__gt=F("state__repair_failed_version"))
         for host_id in Host.objects.filter(
-            newer, status=HostStatus.REPAIR_FAILED, runner="", retired=False
+            newer, status=HostStatus.REPAIR_FAILED, state__runner="", state__retired=False
         ).values_list("id", flat=True):
-            taken = Host.objects.filter(id=host_id, status=HostStatus.REPAIR_FAILED, runner="").update(
-                status=HostStatus.REPAIRING, runner=self.runner_id
-            )
-            if taken:
-                self.repair(host_id)
+            try:
+                with shard_write():
+                    move_host(
+                        host_id,
+                        HostStatus.REPAIRING,
+                        held_by="",
+                        holder=self.runner_id,
+                        retired=False,
+                        status=HostStatus.REPAIR_FAILED,
+                    )
+            except HostTaken:
+                continue
+            self.repair(host_id)
 
     def stop_all(self) -> None:
         """Kills the hosts' commands; those hosts stay `Repairing`, unowned, for the next start to repair."""

@@ -1,10 +1,13 @@
-"""Shard-only state: the outbox of updates for the master, the dead letters, and the shard's singleton.
+"""Shard-only state: the outbox of updates for the master, the dead letters, the shard's singleton, and
+the scheduler's bookkeeping of hosts and runs beside the shared rows (common.models) they belong to.
 
 Only the shard app creates these tables; the master's database never has them.
 """
 
 from django.db import models
 from django.utils import timezone
+
+from common.models import Host, HostQueueEntry
 
 
 class OutboxEntry(models.Model):
@@ -53,3 +56,45 @@ class ShardState(models.Model):
 
     def __str__(self) -> str:
         return f"shard state (last seq {self.last_seq})"
+
+
+class HostState(models.Model):
+    """What only the shard knows of a host: which scheduler process holds it, and whether it may get work.
+
+    Every host the shard holds has one (shard.ingest creates it with the host). The scheduler claims and
+    releases a host by conditional UPDATEs on this row and the host's, under shard.locks.shard_write.
+    """
+
+    host = models.OneToOneField(Host, primary_key=True, on_delete=models.CASCADE, related_name="state")
+    # The scheduler process handling the host, from its claim until it is Ready (or Repair Failed) again.
+    runner = models.CharField(max_length=255, blank=True, default="")
+    # The config version whose repair failed; a newer version from the master makes the shard try again.
+    repair_failed_version = models.PositiveIntegerField(null=True, blank=True)
+    # The master no longer assigns this host: it finishes its job and is dropped once idle.
+    retired = models.BooleanField(default=False)
+
+    def __str__(self) -> str:
+        return f"state of host {self.host_id}"
+
+
+class Run(models.Model):
+    """The scheduler's record of an HQE it took: who runs it, its process and its results directory.
+
+    Created in the claim's transaction, so an HQE has at most one, and never sent to the master.
+    """
+
+    hqe = models.OneToOneField(HostQueueEntry, primary_key=True, on_delete=models.CASCADE, related_name="run")
+    runner = models.CharField(max_length=255, blank=True, default="")
+    pid = models.IntegerField(null=True, blank=True)
+    results_dir = models.CharField(max_length=1024, blank=True, default="")
+
+    def __str__(self) -> str:
+        return f"run of HQE {self.hqe_id}"
+
+
+def run_of(hqe: HostQueueEntry) -> Run | None:
+    """The HQE's run record, None for one never claimed; free once the query said select_related("run")."""
+    try:
+        return hqe.run
+    except Run.DoesNotExist:
+        return None

@@ -17,7 +17,8 @@ from common.models import Host, HostQueueEntry
 from shard.executor import Executor
 from shard.isolation import take_back
 from shard.locks import shard_write
-from shard.services import finish_hqe
+from shard.models import run_of
+from shard.services import HostTaken, finish_hqe, move_host
 from shard.tracking import proc_stat
 from shard.workspace import run_log_tail
 
@@ -52,11 +53,16 @@ def runner_alive(runner: str) -> bool:
 
 
 def close_abandoned_hqe(hqe: HostQueueEntry, why: str) -> None:
-    """Ends one HQE whose run nobody watches any more as an infra failure, its log's tail kept."""
-    tail = run_log_tail(hqe.results_dir)
-    if hqe.results_dir and os.geteuid() == 0:
+    """Ends one HQE whose run nobody watches any more as an infra failure, its log's tail kept.
+
+    Pass the HQE with select_related("run"), or its run is read here.
+    """
+    run = run_of(hqe)
+    results_dir = run.results_dir if run else ""
+    tail = run_log_tail(results_dir)
+    if results_dir and os.geteuid() == 0:
         # Its processes are gone: what it left is no later job's to read (shard.isolation.take_back).
-        take_back(Path(hqe.results_dir))
+        take_back(Path(results_dir))
     note = f"\n[fleetshard] {why}: infra failure\n"
     try:
         with shard_write():
@@ -88,34 +94,41 @@ def recover_abandoned(runner_id: str, executor: Executor) -> list[int]:
     for runner in executor.runners():
         if runner != runner_id:
             is_alive(runner)
-    active = HostQueueEntry.objects.filter(status__in=(HQEStatus.STARTING, HQEStatus.RUNNING)).exclude(runner=runner_id)
+    active = (
+        HostQueueEntry.objects.filter(status__in=(HQEStatus.STARTING, HQEStatus.RUNNING))
+        .exclude(run__runner=runner_id)
+        .select_related("run")
+    )
     for hqe in active:
-        if is_alive(hqe.runner):
+        run = run_of(hqe)
+        runner = run.runner if run else ""
+        if is_alive(runner):
             continue
-        if hqe.pid:
-            isolated(f"HQE {hqe.id}: killing its processes", executor.kill_orphan, hqe.pid, hqe.id)
+        if run and run.pid:
+            isolated(f"HQE {hqe.id}: killing its processes", executor.kill_orphan, run.pid, hqe.id)
         isolated(
             f"HQE {hqe.id}: closing",
             close_abandoned_hqe,
             hqe,
-            f"abandoned: the shard process running this job ({hqe.runner or 'none'}) is gone (crash or restart)",
+            f"abandoned: the shard process running this job ({runner or 'none'}) is gone (crash or restart)",
         )
 
     taken = []
     busy = (HostStatus.RUNNING, HostStatus.CLEANING, HostStatus.REPAIRING)
-    for host in Host.objects.filter(status__in=busy).exclude(runner=runner_id):
-        if is_alive(host.runner):
-            continue
+    hosts = Host.objects.filter(status__in=busy).exclude(state__runner=runner_id)
+    for host_id, hostname, status, runner in hosts.values_list("id", "hostname", "status", "state__runner"):
+        if runner is None or is_alive(runner):
+            continue  # None: no state yet, so nobody's (shard.ingest gives every host one)
         try:
-            claimed = Host.objects.filter(id=host.id, runner=host.runner, status=host.status).update(
-                status=HostStatus.REPAIRING, runner=runner_id
-            )
-        except Exception:
-            log.exception("host %s: cannot take it over; retrying at the next recovery", host.hostname)
+            with shard_write():
+                move_host(host_id, HostStatus.REPAIRING, held_by=runner, holder=runner_id, status=status)
+        except HostTaken:
             continue
-        if claimed:
-            log.warning("host %s was left %s by %s: repairing it", host.hostname, host.status, host.runner or "nobody")
-            taken.append(host.id)
+        except Exception:
+            log.exception("host %s: cannot take it over; retrying at the next recovery", hostname)
+            continue
+        log.warning("host %s was left %s by %s: repairing it", hostname, status, runner or "nobody")
+        taken.append(host_id)
     return taken
 
 

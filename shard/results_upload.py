@@ -32,11 +32,11 @@ from django.db.models import Q
 from django.utils import timezone
 
 from common.constants import MAX_RESULT_FILE_BYTES, MAX_RESULT_FILES_PER_RUN, MAX_RESULT_REASON_CHARS, HQEStatus
-from common.models import HostQueueEntry
 from common.wire import clean_text
 from shard.client import HeartbeatClient, backoff, error_of, field_of, jittered, master_session
 from shard.config import SchedulerConfig
 from shard.executor import UnsafeFile, open_regular
+from shard.models import Run
 from shard.workspace import ARCHIVE, QUARANTINE, RESULT_SUFFIX, RESULTS
 
 log = logging.getLogger(__name__)
@@ -323,14 +323,14 @@ class ResultsUploader:
     def find_ended(self) -> None:
         """Adds runs ended since the last look; the first look (a start) takes every run still on disk."""
         now = timezone.now()
-        ended = HostQueueEntry.objects.filter(status__in=HQEStatus.TERMINAL).exclude(results_dir="")
+        ended = Run.objects.filter(hqe__status__in=HQEStatus.TERMINAL).exclude(results_dir="")
         if self.since is None:
             # Retention keeps a run with files still to send past its retention, up to this horizon.
             cutoff = now - timedelta(days=self.config.upload_horizon_days)
-            ended = ended.filter(Q(finished_on__gte=cutoff) | Q(finished_on__isnull=True))
+            ended = ended.filter(Q(hqe__finished_on__gte=cutoff) | Q(hqe__finished_on__isnull=True))
         else:
-            ended = ended.filter(finished_on__gte=self.since)
-        rows = list(ended.values_list("id", "results_dir"))
+            ended = ended.filter(hqe__finished_on__gte=self.since)
+        rows = list(ended.values_list("hqe_id", "results_dir"))
         self.since = now - RESCAN_SLACK
         for hqe_id, results_dir in rows:
             if hqe_id in self._seen:

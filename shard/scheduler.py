@@ -1,9 +1,9 @@
 """The shard's scheduler: gives queued HQEs to hosts, watches their runs, and moves hosts between jobs.
 
 One `tick()` does everything and returns at once; `run_shard` calls it in a loop. A host is claimed
-by a conditional UPDATE (`status='Ready'` and no runner) in the same transaction as its HQE's
-Queued -> Starting change, so however many scheduler processes share the shard's database, a host
-gets one HQE and an HQE gets one host.
+by conditional UPDATEs (no runner in its shard.models.HostState, `status='Ready'` on the host) in the
+same transaction as its HQE's Queued -> Starting change and the HQE's Run, so however many scheduler
+processes share the shard's database, a host gets one HQE and an HQE gets one host.
 """
 
 import logging
@@ -27,8 +27,9 @@ from shard.executor import Executor, LocalExecutor, RunHandle, RunSpec, append_n
 from shard.isolation import give_to
 from shard.lifecycle import HostLifecycle
 from shard.locks import shard_write
+from shard.models import Run
 from shard.recovery import close_abandoned_hqe, current_runner_id, isolated, recover_abandoned
-from shard.services import finish_hqe, record_run, transition_hqe
+from shard.services import HostTaken, finish_hqe, move_host, open_run, record_run, transition_hqe
 from shard.workspace import RUN_LOG, job_env, remove_old_results, run_dir
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,9 @@ class Claim(StrEnum):
 
 
 @dataclass
-class Run:
+class LiveRun:
+    """A run this process started and watches; its database record is a shard.models.Run."""
+
     hqe_id: int
     job_id: int
     host_id: int
@@ -71,7 +74,7 @@ class Scheduler:
         self.config = config
         self.executor = executor or LocalExecutor()
         self.runner_id = runner_id or current_runner_id()
-        self.runs: dict[int, Run] = {}
+        self.runs: dict[int, LiveRun] = {}
         self.hosts = HostLifecycle(self.runner_id, self.executor, config)
         self._next_recovery = 0.0
         self._next_retention = 0.0
@@ -116,15 +119,19 @@ class Scheduler:
         for host_id in recover_abandoned(self.runner_id, self.executor):
             isolated(f"host {host_id}: repair", self.hosts.repair, host_id)
         # An HQE of ours that no run here tracks (its start failed half-way) can never end otherwise.
-        untracked = HostQueueEntry.objects.filter(
-            runner=self.runner_id, status__in=(HQEStatus.STARTING, HQEStatus.RUNNING)
-        ).exclude(id__in=list(self.runs))
+        untracked = (
+            HostQueueEntry.objects.filter(
+                run__runner=self.runner_id, status__in=(HQEStatus.STARTING, HQEStatus.RUNNING)
+            )
+            .exclude(id__in=list(self.runs))
+            .select_related("run")
+        )
         for hqe in untracked:
             isolated(f"HQE {hqe.id}: closing", close_abandoned_hqe, hqe, "its run was lost by this shard process")
         # A host of ours that nothing here tends (a database error cut its change short) is repaired too.
         tended = {r.host_id for r in self.runs.values()} | set(self.hosts.tasks)
         busy = (HostStatus.RUNNING, HostStatus.CLEANING, HostStatus.REPAIRING)
-        for host_id in Host.objects.filter(runner=self.runner_id, status__in=busy).values_list("id", flat=True):
+        for host_id in Host.objects.filter(state__runner=self.runner_id, status__in=busy).values_list("id", flat=True):
             if host_id not in tended:
                 isolated(f"host {host_id}: repair", self.hosts.repair, host_id)
 
@@ -153,7 +160,9 @@ class Scheduler:
             return
         ready = {
             h.id: h
-            for h in Host.objects.filter(status=HostStatus.READY, locked=False, retired=False, runner="").order_by("id")
+            for h in Host.objects.filter(
+                status=HostStatus.READY, locked=False, state__retired=False, state__runner=""
+            ).order_by("id")
         }
         if not ready:
             return
@@ -209,11 +218,15 @@ class Scheduler:
         """Takes the host and the HQE together, or neither."""
         try:
             with shard_write():
-                taken = Host.objects.filter(
-                    id=host_id, status=HostStatus.READY, locked=False, retired=False, runner=""
-                ).update(status=HostStatus.RUNNING, runner=self.runner_id)
-                if taken != 1:
-                    return Claim.HOST_TAKEN
+                move_host(
+                    host_id,
+                    HostStatus.RUNNING,
+                    held_by="",
+                    holder=self.runner_id,
+                    retired=False,
+                    status=HostStatus.READY,
+                    locked=False,
+                )
                 if Job.objects.filter(id=job_id, aborted=True).exists():
                     raise FleetshardError(f"job of HQE {hqe_id} was aborted")
                 # Checked again under the host's row lock: another scheduler process may have given
@@ -221,7 +234,9 @@ class Scheduler:
                 if HostQueueEntry.objects.filter(job_id=job_id, host_id=host_id).exclude(id=hqe_id).exists():
                     raise HostUsed(f"job {job_id} already used host {host_id}")
                 transition_hqe(hqe_id, HQEStatus.STARTING, host_id=host_id)
-                record_run(hqe_id, runner=self.runner_id)
+                open_run(hqe_id, self.runner_id)
+        except HostTaken:
+            return Claim.HOST_TAKEN
         except HostUsed:
             return Claim.HOST_USED
         except FleetshardError:
@@ -254,7 +269,7 @@ class Scheduler:
             return
         deadline = time.monotonic() + job.max_runtime_mins * self.config.minute_s
         # Tracked before anything else can fail, so the process is always watched and ended.
-        self.runs[hqe.id] = Run(hqe.id, job.id, host.id, handle, log_path, deadline)
+        self.runs[hqe.id] = LiveRun(hqe.id, job.id, host.id, handle, log_path, deadline)
         try:
             with shard_write():
                 record_run(hqe.id, pid=handle.pid, results_dir=str(results_dir))
@@ -285,7 +300,7 @@ class Scheduler:
                 run.handle.signal_all(signal.SIGKILL)
                 run.killed = True
 
-    def _note(self, run: Run, text: str) -> None:
+    def _note(self, run: LiveRun, text: str) -> None:
         log.info("HQE %s: %s", run.hqe_id, text)
         try:
             if not run.handle.note(text):
@@ -314,7 +329,7 @@ class Scheduler:
                 # Its end is recorded at a later tick; the other runs are watched meanwhile.
                 log.exception("HQE %s: watching its run failed; retrying next tick", run.hqe_id)
 
-    def _poll_run(self, run: Run, aborted: bool, now: float) -> None:
+    def _poll_run(self, run: LiveRun, aborted: bool, now: float) -> None:
         code = run.handle.poll()
         if not run.reason and code is None:
             if aborted:
@@ -340,7 +355,7 @@ class Scheduler:
             return
         self._finish(run, code)
 
-    def _finish(self, run: Run, code: int) -> None:
+    def _finish(self, run: LiveRun, code: int) -> None:
         failure = ""
         if run.reason == StopReason.ABORT:
             status = HQEStatus.ABORTED
@@ -379,7 +394,7 @@ class Scheduler:
         now_s = time.time()
         cutoff = now_s - self.config.retention_days * 86400
         active = set(
-            HostQueueEntry.objects.filter(status__in=(HQEStatus.STARTING, HQEStatus.RUNNING))
+            Run.objects.filter(hqe__status__in=(HQEStatus.STARTING, HQEStatus.RUNNING))
             .exclude(results_dir="")
             .values_list("results_dir", flat=True)
         )

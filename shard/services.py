@@ -1,17 +1,24 @@
-"""The shard's HQE state changes. The scheduler, the executors and tests all go through here,
-so every change is saved and queued for the master in the same transaction."""
+"""The shard's HQE and host state changes. The scheduler, the executors and tests all go through here,
+so every HQE change is saved and queued for the master in the same transaction, and a host changes hands
+only by conditional UPDATEs."""
 
 from datetime import datetime
 
 from django.db import transaction
+from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
 from common.constants import LOG_TAIL_BYTES, FailureClass, HQEStatus, hqe_can_move
 from common.errors import FleetshardError, NotFound
 from common.jobstatus import refresh_job_statuses
-from common.models import HostQueueEntry
+from common.models import Host, HostQueueEntry
 from common.wire import clean_text
+from shard.models import HostState, Run
 from shard.outbox import enqueue, enqueue_many
+
+
+class HostTaken(FleetshardError):
+    """The host is not (or no longer) as the caller expected: another scheduler process has it, or it changed."""
 
 
 @transaction.atomic
@@ -80,14 +87,42 @@ def abort_queued_hqes(job_ids: list[int]) -> int:
     return len(waiting)
 
 
-def record_run(
-    hqe_id: int, *, runner: str | None = None, pid: int | None = None, results_dir: str | None = None
-) -> None:
-    """Shard-only bookkeeping of a run (who runs it, its process, its results); never sent to the master."""
-    fields = {
-        name: value
-        for name, value in (("runner", runner), ("pid", pid), ("results_dir", results_dir))
-        if value is not None
-    }
+def open_run(hqe_id: int, runner: str) -> None:
+    """The claim's record of who runs the HQE. Its key is the HQE's, so an HQE never gets a second one."""
+    Run.objects.create(hqe_id=hqe_id, runner=runner)
+
+
+def record_run(hqe_id: int, *, pid: int | None = None, results_dir: str | None = None) -> None:
+    """Shard-only bookkeeping of a started run (its process, its results); never sent to the master."""
+    fields = {name: value for name, value in (("pid", pid), ("results_dir", results_dir)) if value is not None}
     if fields:
-        HostQueueEntry.objects.filter(id=hqe_id).update(**fields)
+        Run.objects.filter(hqe_id=hqe_id).update(**fields)
+
+
+def move_host(
+    host_id: int,
+    to_status: str,
+    *,
+    held_by: str,
+    holder: str,
+    retired: bool | None = None,
+    failed_repair: bool = False,
+    **host_is: object,
+) -> None:
+    """Moves a host held by `held_by` ("": by nobody) to `to_status`, held by `holder` ("" releases it), if
+    its state matches `retired` (None: either) and its row matches `host_is`; `failed_repair` notes that
+    its present config version failed repair.
+
+    Two conditional UPDATEs, the holder's first. Call it under shard.locks.shard_write: that lock keeps
+    every writer of hosts in one order, and raising HostTaken rolls back the first UPDATE with the rest.
+    """
+    held = HostState.objects.filter(host_id=host_id, runner=held_by)
+    if retired is not None:
+        held = held.filter(retired=retired)
+    state: dict[str, object] = {"runner": holder}
+    if failed_repair:
+        state["repair_failed_version"] = Subquery(Host.objects.filter(id=OuterRef("host_id")).values("version")[:1])
+    if held.update(**state) != 1:
+        raise HostTaken(f"host {host_id} is not held by {held_by or 'nobody'} as expected")
+    if Host.objects.filter(id=host_id, **host_is).update(status=to_status) != 1:
+        raise HostTaken(f"host {host_id} is not {host_is}")

@@ -1,10 +1,12 @@
 """Each role's own models (Token on the master; outbox, dead letters, shard state on the shard) moved
-out of common. A database of today's layout (common 0003) must migrate forward keeping every row, and
-the other role's leftover tables must go only when empty."""
+out of common, and so did the scheduler's bookkeeping columns (into shard's HostState and Run). A
+database of the old layout (common 0003) must migrate forward keeping every row and value, and the
+other role's leftover tables must go only when empty."""
 
 import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,67 @@ STOCK = [("contenttypes", "0002_remove_content_type_name"), ("auth", "0012_alter
 # Where each moved model lives now.
 OWNER = {"token": "master", "outboxentry": "shard", "deadletter": "shard", "shardstate": "shard"}
 WHEN = datetime(2026, 11, 1, 12, 30, tzinfo=UTC)
+# The bookkeeping that moved from common's columns to shard's tables, as (id, *fields) rows.
+HOST_FIELDS = ("runner", "repair_failed_version", "retired")
+RUN_FIELDS = ("runner", "pid", "results_dir")
+HELD_BY = "lab1:4242:777"
+# What a shard mid-run had in those columns, as shard's HostState and Run must hold it after the move:
+# every host gets a state, and every HQE a scheduler took (running, ended, or left Starting) its run.
+BOOKKEEPING = {
+    "hosts": [
+        [1, HELD_BY, None, False],
+        [2, "", 3, False],
+        [3, "", None, True],
+        [4, HELD_BY, None, True],
+        [5, "", None, False],
+    ],
+    "runs": [
+        [10, HELD_BY, 31337, "/var/lib/fleetshard/results/7/10-h1"],
+        [11, "lab1:999:1", 4000, "/var/lib/fleetshard/results/7/11-h4"],
+        [12, HELD_BY, None, ""],
+    ],
+}
+
+
+def seed_bookkeeping(apps: Any) -> None:
+    """Hosts held, failed and retired, and HQEs running, ended, starting and queued, in the old columns."""
+    common = {name: apps.get_model("common", name).objects for name in ("Host", "Job", "HostQueueEntry")}
+    statuses = ["Running", "Repair Failed", "Ready", "Cleaning", "Ready"]
+    for (host_id, runner, failed, retired), status in zip(BOOKKEEPING["hosts"], statuses, strict=True):
+        common["Host"].create(
+            id=host_id,
+            hostname=f"h{host_id}",
+            status=status,
+            version=4,
+            runner=runner,
+            repair_failed_version=failed,
+            retired=retired,
+        )
+    job = common["Job"].create(id=7, name="flash", owner="ana", command="./run")
+    for (hqe_id, runner, pid, results_dir), status in zip(
+        BOOKKEEPING["runs"], ["Running", "Completed", "Starting"], strict=True
+    ):
+        common["HostQueueEntry"].create(
+            id=hqe_id, job=job, host_id=hqe_id - 9, status=status, runner=runner, pid=pid, results_dir=results_dir
+        )
+    common["HostQueueEntry"].create(id=13, job=job)  # queued: no run yet
+
+
+def bookkeeping(get_model: Any, *, moved: bool) -> dict[str, list[list[Any]]]:
+    """The bookkeeping as it stands, from shard's tables (moved) or common's columns (the old layout)."""
+    if moved:
+        hosts = get_model("shard", "HostState").objects.order_by("host_id").values_list("host_id", *HOST_FIELDS)
+        runs = get_model("shard", "Run").objects.order_by("hqe_id").values_list("hqe_id", *RUN_FIELDS)
+    else:
+        hosts = get_model("common", "Host").objects.order_by("id").values_list("id", *HOST_FIELDS)
+        hqes = get_model("common", "HostQueueEntry").objects.order_by("id")
+        runs = hqes.exclude(runner="", pid__isnull=True, results_dir="").values_list("id", *RUN_FIELDS)
+    return {"hosts": [list(row) for row in hosts], "runs": [list(row) for row in runs]}
+
+
+def columns(table: str) -> set[str]:
+    with connection.cursor() as cursor:
+        return {c.name for c in connection.introspection.get_table_description(cursor, table)}
 
 
 def seed(apps: Any, models: list[str]) -> None:
@@ -103,6 +166,23 @@ def test_the_move_is_reversible(old_database):
     assert "shard_outboxentry" not in tables()
 
 
+def test_run_records_and_host_claims_survive_the_upgrade_and_back(old_database, monkeypatch):
+    """Copied two rows at a time here, so the batches' seams are crossed: no row lost or copied twice."""
+    monkeypatch.setattr(import_module("shard.migrations.0002_host_states_and_runs"), "BATCH", 2)
+    seed_bookkeeping(old_database.project_state(OLD + STOCK).apps)
+    assert bookkeeping(old_database.project_state(OLD + STOCK).apps.get_model, moved=False) == BOOKKEEPING
+
+    loader = migrate(MigrationExecutor(connection).loader.graph.leaf_nodes())
+
+    assert bookkeeping(loader.project_state().apps.get_model, moved=True) == BOOKKEEPING
+    assert not {"runner", "repair_failed_version", "retired"} & columns("common_host")
+    assert not {"runner", "pid", "results_dir"} & columns("common_hostqueueentry")
+
+    loader = migrate([*OLD, ("shard", None)])
+    assert bookkeeping(loader.project_state(OLD + STOCK).apps.get_model, moved=False) == BOOKKEEPING
+    assert not {"shard_hoststate", "shard_run"} & tables()
+
+
 def test_makemigrations_finds_nothing_to_do(db):
     call_command("makemigrations", "--check", "--dry-run", verbosity=0)
 
@@ -110,26 +190,35 @@ def test_makemigrations_finds_nothing_to_do(db):
 SEED = """
 from django.db import connection
 from django.db.migrations.loader import MigrationLoader
-from tests.common.test_role_migrations import OLD, STOCK, seed, snapshot
+from tests.common.test_role_migrations import OLD, STOCK, bookkeeping, seed, seed_bookkeeping, snapshot
 nodes = [n for n in OLD + STOCK if n[0] != {other!r}]
 apps = MigrationLoader(connection).project_state(nodes).apps
 seed(apps, {models!r})
 result = snapshot(apps.get_model, {models!r}, lambda m: "common")
+if {other!r} == "master":
+    seed_bookkeeping(apps)
+    result["bookkeeping"] = bookkeeping(apps.get_model, moved=False)
 """
 
 BACK = """
 from django.db import connection
 from django.db.migrations.loader import MigrationLoader
-from tests.common.test_role_migrations import OLD, STOCK, snapshot
+from tests.common.test_role_migrations import OLD, STOCK, bookkeeping, snapshot
 nodes = [n for n in OLD + STOCK if n[0] != {other!r}]
-result = snapshot(MigrationLoader(connection).project_state(nodes).apps.get_model, {models!r}, lambda m: "common")
+get_model = MigrationLoader(connection).project_state(nodes).apps.get_model
+result = snapshot(get_model, {models!r}, lambda m: "common")
+if {other!r} == "master":
+    result["bookkeeping"] = bookkeeping(get_model, moved=False)
 """
 
 READ = """
 from django.apps import apps
 from django.db import connection
-from tests.common.test_role_migrations import OWNER, snapshot
+from tests.common.test_role_migrations import OWNER, bookkeeping, columns, snapshot
 result = [snapshot(apps.get_model, {models!r}, OWNER.get), sorted(connection.introspection.table_names())]
+if apps.is_installed("shard"):
+    result[0]["bookkeeping"] = bookkeeping(apps.get_model, moved=True)
+result.append(sorted(columns("common_host") | columns("common_hostqueueentry")))
 """
 
 
@@ -154,7 +243,8 @@ def test_makemigrations_finds_nothing_to_do_in_either_role(role, tmp_path):
     ],
 )
 def test_an_old_database_of_one_role_migrates_forward_with_its_rows(role, models, gone, database, tmp_path):
-    """A real process of the role, on a database left at today's layout, as an upgrade would find it."""
+    """A real process of the role, on a database left at the old layout, as an upgrade would find it; a
+    shard's database mid-run, with hosts held and HQEs running (the master never had that bookkeeping)."""
     one, other = Role(role, database, tmp_path), "shard" if role == "master" else "master"
     one.manage("migrate", "auth")
     one.manage("migrate", "common", "0003_shard_instances")
@@ -164,10 +254,13 @@ def test_an_old_database_of_one_role_migrates_forward_with_its_rows(role, models
 
     one.manage("migrate")
 
-    after, names = one.shell(READ.format(models=models))
+    after, names, common_columns = one.shell(READ.format(models=models))
     old_granted = before.pop("granted")
     assert after.pop("granted") == [[pk, role, codename] for pk, _, codename in old_granted]
     assert after == before
+    assert after.get("bookkeeping") == (BOOKKEEPING if role == "shard" else None)
+    assert not {"runner", "pid", "results_dir", "retired", "repair_failed_version"} & set(common_columns)
+    assert ({"shard_hoststate", "shard_run"} <= set(names)) == (role == "shard")
     assert {f"{role}_{m}" for m in models} <= set(names)
     assert not set(gone) & set(names), "the other role's empty tables are dropped"
     assert not {f"common_{m}" for m in models} & set(names)

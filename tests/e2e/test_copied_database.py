@@ -71,7 +71,8 @@ def test_a_copy_with_queued_work_is_refused_and_starts_nothing(master_server, tm
         ran = (marks / "runs").read_text().split() if (marks / "runs").exists() else []
         assert ran == [], f"the refused copy ran HQE(s) {ran}"
         assert sql(copy_url, f"SELECT status FROM common_hostqueueentry WHERE job_id = {job}") == [("Queued",)]
-        assert sql(copy_url, "SELECT status, runner FROM common_host") == [("Ready", "")]
+        held = "SELECT h.status, s.runner FROM common_host h JOIN shard_hoststate s ON s.host_id = h.id"
+        assert sql(copy_url, held) == [("Ready", "")]
     finally:
         for process in (original, copy):
             if process is not None and process.proc is not None:

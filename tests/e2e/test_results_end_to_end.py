@@ -96,7 +96,10 @@ def test_a_jobs_results_reach_the_master_and_a_malformed_file_is_quarantined(mas
     assert "Quarantined result files:\n" in shown
     assert f"  entry {hqe['id']} ({hostname}): broken.json: {reason}" in shown
     assert f"  entry {hqe['id']} ({hostname}): link.json: not sent: a symbolic link" in shown
-    (run,) = sql(shard.url, f"SELECT results_dir FROM common_hostqueueentry WHERE job_id = {job}")
+    query = (
+        f"SELECT r.results_dir FROM shard_run r JOIN common_hostqueueentry q ON q.id = r.hqe_id WHERE q.job_id={job}"
+    )
+    (run,) = sql(shard.url, query)
     run_dir = Path(run[0])
     assert sorted(p.name for p in (run_dir / "archive").iterdir()) == ["gbench.json", "tf_results.json"]
     assert sorted(p.name for p in (run_dir / "quarantine").iterdir()) == [

@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 
 from common.constants import HQEStatus
 from common.models import Host, HostQueueEntry, Job
-from shard.models import DeadLetter, OutboxEntry
+from shard.models import DeadLetter, HostState, OutboxEntry, Run
 from shard.services import finish_hqe, transition_hqe
 from tests.shard.world import apply_wire
 
@@ -67,7 +67,7 @@ def lab(db: None, tmp_path: Path) -> dict[str, Any]:
     results.mkdir()
     (results / "job.log").write_text("".join(f"step {i}\n" for i in range(50)) + "still flashing the build\n")
     transition_hqe(100, HQEStatus.RUNNING, host_id=1)
-    HostQueueEntry.objects.filter(id=100).update(results_dir=str(results))
+    Run.objects.create(hqe_id=100, runner="lab1:1:1", pid=4242, results_dir=str(results))
     Host.objects.filter(id=1).update(status="Running")
     transition_hqe(110, HQEStatus.RUNNING, host_id=3)
     finish_hqe(110, HQEStatus.FAILED, failure="test", exit_code=3, log_tail="assertion failed: screen is off\n")
@@ -122,6 +122,44 @@ def test_hosts_show_statuses_and_locks(lab, operator):
     assert [h.hostname for h in operator.get("/admin/common/host/?locked__exact=1").context["cl"].result_list] == [
         "dut2"
     ]
+
+
+def test_a_run_shows_its_process_and_results_and_a_host_who_holds_it(lab, operator):
+    detail = operator.get("/admin/common/hostqueueentry/100/change/").content.decode()
+    assert str(lab["results"]) in detail and "4242" in detail
+    HostState.objects.filter(host_id=1).update(runner="lab1:1:1")
+    HostState.objects.filter(host_id=3).update(retired=True)
+    assert "lab1:1:1" in operator.get("/admin/common/host/1/change/").content.decode()
+    retired = operator.get("/admin/common/host/?state__retired__exact=1").context["cl"].result_list
+    assert [h.hostname for h in retired] == ["dut3"]
+
+
+@pytest.mark.parametrize(
+    "path, queries",
+    [
+        ("/admin/", 9),
+        ("/admin/common/hostqueueentry/", 5),
+        ("/admin/common/hostqueueentry/100/change/", 3),
+        ("/admin/common/host/", 7),
+        ("/admin/common/host/1/change/", 4),
+        ("/admin/common/job/12/change/", 4),
+    ],
+)
+def test_page_query_counts_are_pinned_whatever_the_rows(lab, operator, django_assert_num_queries, path, queries):
+    operator.get(path)
+    with django_assert_num_queries(queries):
+        assert operator.get(path).status_code == 200
+    apply_wire(
+        {
+            "hosts": [host_data(i) for i in range(20, 40)],
+            "jobs": [job_data(1000 + i, [5000 + 2 * i, 5001 + 2 * i]) for i in range(20)],
+        }
+    )
+    for i in range(20):
+        transition_hqe(5000 + 2 * i, HQEStatus.RUNNING, host_id=20 + i)
+        Run.objects.create(hqe_id=5000 + 2 * i, runner="lab1:1:1", results_dir=str(lab["results"]))
+    with django_assert_num_queries(queries):
+        assert operator.get(path).status_code == 200
 
 
 def test_dead_letters_show_their_reasons(lab, operator):

@@ -8,7 +8,7 @@ from django.test.utils import CaptureQueriesContext
 from common.models import Host, HostQueueEntry, Job
 from common.wire import HeartbeatResponse
 from shard.ingest import apply_response, known_hosts, known_jobs
-from shard.models import DeadLetter, OutboxEntry, ShardState
+from shard.models import DeadLetter, HostState, OutboxEntry, ShardState
 from shard.services import finish_hqe, transition_hqe
 from tests.shard.world import apply_wire
 
@@ -107,7 +107,7 @@ def test_removed_busy_host_finishes_its_job_first(db):
     apply_wire(response(hosts=[host_wire()], jobs=[job_wire(hqes=[{"id": 500, "host_id": 12, "meta_host": None}])]))
     transition_hqe(500, "Running", host_id=12)
     apply_wire(response(removed_host_ids=[12]))
-    assert Host.objects.get(id=12).retired
+    assert HostState.objects.get(host_id=12).retired
     finish_hqe(500, "Completed", exit_code=0)
     apply_wire(response())
     assert not Host.objects.filter(id=12).exists()
@@ -188,7 +188,7 @@ def test_a_hostname_reused_twice_while_its_old_hosts_are_busy(db):
     hosts = dict(Host.objects.values_list("id", "hostname"))
     assert hosts[14] == name
     assert len(set(hosts.values())) == 3 and all(len(h) <= 255 for h in hosts.values())
-    assert Host.objects.filter(retired=True).count() == 2
+    assert HostState.objects.filter(retired=True).count() == 2
 
 
 def test_a_record_the_database_refuses_costs_only_itself(db):
@@ -210,3 +210,33 @@ def test_a_record_the_database_refuses_costs_only_itself(db):
     assert HostQueueEntry.objects.get(id=510).status == "Aborted"
     # The refused job is not held, so the master sends it again.
     assert 101 not in [j["id"] for j in known_jobs()]
+
+
+def test_every_host_gets_its_state_and_a_retired_host_sent_again_serves_again(db):
+    apply_wire(response(hosts=[host_wire(), host_wire(13)], jobs=[job_wire(hqes=[{"id": 500, "host_id": 12}])]))
+    assert list(HostState.objects.values_list("host_id", "runner", "retired")) == [(12, "", False), (13, "", False)]
+    transition_hqe(500, "Running", host_id=12)
+    HostState.objects.filter(host_id=12).update(runner="lab1:77:1")
+    apply_wire(response(removed_host_ids=[12]))
+    assert HostState.objects.get(host_id=12).retired
+
+    apply_wire(response(hosts=[host_wire(version=2)]))
+
+    assert list(HostState.objects.filter(host_id=12).values_list("runner", "retired")) == [("lab1:77:1", False)]
+
+
+def test_the_shards_side_of_the_heartbeat_costs_pinned_queries(db, django_assert_num_queries):
+    """New hosts, the same hosts changed, some removed: the states of an answer's hosts take one query."""
+
+    def hosts(ids: range, version: int = 1) -> list[dict[str, Any]]:
+        return [host_wire(i, version, labels=["board:a"], attributes={}) for i in ids]
+
+    with django_assert_num_queries(26):
+        apply_wire(response(hosts=hosts(range(1, 2))))
+    with django_assert_num_queries(120):
+        apply_wire(response(hosts=hosts(range(100, 110))))
+    with django_assert_num_queries(90):
+        apply_wire(response(hosts=hosts(range(100, 110), version=2)))
+    with django_assert_num_queries(14):
+        apply_wire(response(removed_host_ids=[100, 101]))
+    assert sorted(HostState.objects.values_list("host_id", flat=True)) == [1, *range(102, 110)]

@@ -17,7 +17,7 @@ from common.constants import FailureClass, HostStatus, HQEStatus
 from common.models import Host, HostQueueEntry
 from shard.client import HeartbeatClient
 from shard.config import SchedulerConfig
-from shard.models import OutboxEntry
+from shard.models import HostState, OutboxEntry
 from shard.process import ShardProcess
 from shard.scheduler import Scheduler
 from tests.shard.world import apply_wire
@@ -86,7 +86,7 @@ def running(transactional_db, settings, tmp_path):
 
 
 def hqe_row(job_id: int) -> tuple[str, str, int | None]:
-    return HostQueueEntry.objects.filter(job_id=job_id).values_list("status", "failure", "pid").get()
+    return HostQueueEntry.objects.filter(job_id=job_id).values_list("status", "failure", "run__pid").get()
 
 
 def test_sigterm_drains_then_stops_the_run_as_infra_and_tells_the_master(master_server, running):
@@ -142,7 +142,8 @@ def abandoned_host() -> int:
             ]
         }
     )
-    Host.objects.filter(id=9001).update(status=HostStatus.RUNNING, runner=DEAD_RUNNER)
+    Host.objects.filter(id=9001).update(status=HostStatus.RUNNING)
+    HostState.objects.filter(host_id=9001).update(runner=DEAD_RUNNER)
     return 9001
 
 
@@ -160,7 +161,8 @@ def test_a_refused_instance_stops_the_shard_before_the_scheduler_starts(master_s
     assert shard.ended(30), "a refused shard must stop on its own"
     assert "running from another database" in (shard.process.fatal or "")
     assert not shard.process.scheduler_started
-    assert Host.objects.filter(id=host_id).values_list("status", "runner").get() == (HostStatus.RUNNING, DEAD_RUNNER)
+    held = Host.objects.filter(id=host_id).values_list("status", "state__runner").get()
+    assert held == (HostStatus.RUNNING, DEAD_RUNNER)
     assert not HostQueueEntry.objects.exists()
 
 
@@ -172,7 +174,8 @@ def test_a_shard_told_to_stop_before_any_master_answers_never_schedules(running,
     shard.process.on_signal(signal.SIGTERM)
     assert shard.ended(15)
     assert not shard.process.scheduler_started and shard.process.fatal is None
-    assert Host.objects.filter(id=host_id).values_list("status", "runner").get() == (HostStatus.RUNNING, DEAD_RUNNER)
+    held = Host.objects.filter(id=host_id).values_list("status", "state__runner").get()
+    assert held == (HostStatus.RUNNING, DEAD_RUNNER)
 
 
 def test_a_sigint_while_the_last_heartbeat_hangs_still_stops_at_once(running):

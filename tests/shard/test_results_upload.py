@@ -324,7 +324,7 @@ def test_only_ended_runs_are_taken_and_a_restart_finds_what_is_left(world):
     assert list(restarted.pending) == [world.hqe(ended).id]
     restarted.upload_pending(threading.Event())
     assert restarted.pending == {}
-    run = Path(world.hqe(ended).results_dir)
+    run = Path(world.results_dir(ended))
     assert listing(run / ARCHIVE) == ["r.json"]
     # A later look skips runs it has seen; the second job's run is taken once it ends.
     world.abort(running)
@@ -339,7 +339,7 @@ def test_retention_keeps_a_run_until_its_files_are_uploaded_and_a_restart_still_
     ended = world.job(WRITES_RESULTS, meta_host="lab")
     world.run_until(lambda: world.finished(ended), what="the job to end")
     hqe = world.hqe(ended)
-    run = Path(hqe.results_dir)
+    run = Path(world.results_dir(ended))
     # The master was out of reach for two days: the run is past the retention, its file still unsent.
     HostQueueEntry.objects.filter(id=hqe.id).update(finished_on=timezone.now() - timedelta(days=2))
     age(run, 2)
@@ -484,7 +484,11 @@ def copying_job(tmp_path: Path, files: dict[str, bytes], *, wait_for: str = "") 
 
 
 def shard_run_dir(shard, job_id: int) -> Path | None:
-    rows = sql(shard.url, f"SELECT results_dir, status FROM common_hostqueueentry WHERE job_id = {int(job_id)}")
+    rows = sql(
+        shard.url,
+        "SELECT r.results_dir, q.status FROM common_hostqueueentry q "
+        f"LEFT JOIN shard_run r ON r.hqe_id = q.id WHERE q.job_id = {int(job_id)}",
+    )
     return Path(rows[0][0]) if rows and rows[0][0] and rows[0][1] not in ACTIVE else None
 
 

@@ -24,7 +24,9 @@ def master_status(master, job_id: int) -> tuple:
 
 def shard_hqe(shard, job_id: int) -> tuple:
     rows = sql(
-        shard.url, f"SELECT status, failure, results_dir, pid FROM common_hostqueueentry WHERE job_id = {job_id}"
+        shard.url,
+        "SELECT q.status, q.failure, r.results_dir, r.pid FROM common_hostqueueentry q "
+        f"LEFT JOIN shard_run r ON r.hqe_id = q.id WHERE q.job_id = {job_id}",
     )
     return rows[0] if rows else ("", "", "", None)
 

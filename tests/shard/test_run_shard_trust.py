@@ -161,7 +161,7 @@ def test_sigint_stops_at_once_even_when_every_query_fails(master_server, tmp_pat
 SEED = """
 from common.wire import HeartbeatResponse
 from shard.ingest import apply_response
-from shard.services import record_run, transition_hqe
+from shard.services import open_run, transition_hqe
 from shard.locks import shard_write
 host = {"id": 9001, "version": 1, "hostname": "gate-dut", "labels": ["board:gate"], "locked": False,
         "lock_reason": "", "attributes": {}}
@@ -175,7 +175,7 @@ apply_response(HeartbeatResponse.parse({"protocol": 1, "hosts": [host], "jobs": 
 import socket
 with shard_write():
     transition_hqe(9002, "Running", host_id=9001)
-    record_run(9002, runner=f"{socket.gethostname()}:999999999:0")
+    open_run(9002, f"{socket.gethostname()}:999999999:0")
 result = 1
 """
 

@@ -13,7 +13,9 @@ import pytest
 from django.utils import timezone
 
 from common.models import Host, HostQueueEntry
+from shard.locks import shard_write
 from shard.models import OutboxEntry
+from shard.services import move_host
 from shard.tracking import process_state
 from tests.shard.world import ShardWorld, make_world
 
@@ -55,7 +57,7 @@ def test_job_environment_results_dir_and_log_tail(world, monkeypatch):
     )
     world.run_until(lambda: world.finished(job), what="the job")
     hqe = world.hqe(job)
-    results = Path(hqe.results_dir)
+    results = Path(hqe.run.results_dir)
     assert results.parent.parent == world.config.results_root
     assert (results / "hqe").read_text().strip() == str(hqe.id)
     log = (results / "job.log").read_text()
@@ -145,9 +147,9 @@ def test_max_runtime_kills_the_whole_process_group(world):
     world.run_until(lambda: world.finished(job), what="the timeout")
     hqe = world.hqe(job)
     assert (hqe.status, hqe.failure) == ("Failed", "timeout")
-    grandchild = int((Path(hqe.results_dir) / "grandchild").read_text())
+    grandchild = int((Path(hqe.run.results_dir) / "grandchild").read_text())
     assert not process_alive(grandchild)
-    assert not process_alive(hqe.pid)
+    assert not process_alive(hqe.run.pid)
     assert "max_runtime_mins reached" in hqe.log_tail
     world.run_until(lambda: world.host_status(host) == "Ready", what="the host to be Ready")
 
@@ -160,20 +162,20 @@ def test_abort_sends_sigterm_then_sigkill(world):
         "while true; do sleep 0.1; done"
     )
     job = world.job(command, meta_host="board:a")
-    world.run_until(lambda: (results := world.hqe(job).results_dir) and Path(results, "started").exists())
+    world.run_until(lambda: (results := world.results_dir(job)) and Path(results, "started").exists())
     world.abort(job)
     world.run_until(lambda: world.finished(job), what="the abort")
     hqe = world.hqe(job)
     assert hqe.status == "Aborted" and hqe.failure == ""
-    assert "TERM" in Path(hqe.results_dir, "signals").read_text()
+    assert "TERM" in Path(hqe.run.results_dir, "signals").read_text()
     assert "SIGKILL" in hqe.log_tail
-    assert not process_alive(hqe.pid)
+    assert not process_alive(hqe.run.pid)
 
 
 def test_abort_of_a_job_that_obeys_sigterm_needs_no_sigkill(world):
     world.host("h1", ("board:a",))
     job = world.job('echo started > "$FLEETSHARD_RESULTS_DIR/started"; exec sleep 300', meta_host="board:a")
-    world.run_until(lambda: (results := world.hqe(job).results_dir) and Path(results, "started").exists())
+    world.run_until(lambda: (results := world.results_dir(job)) and Path(results, "started").exists())
     world.abort(job)
     world.run_until(lambda: world.finished(job), what="the abort")
     hqe = world.hqe(job)
@@ -229,7 +231,7 @@ def test_failing_repair_leaves_repair_failed_until_the_config_changes(world, tmp
         world.scheduler.tick()
         time.sleep(0.02)
     assert world.hqe(second).status == "Queued"
-    assert Host.objects.get(id=host).repair_failed_version == 1
+    assert world.host_state(host).repair_failed_version == 1
     assert world.hqe(first).failure == "test"
     # The master changes the host (a new repair command; an unlock would do too): the shard tries again.
     world.host("h1", ("board:a",), attributes={"repair_command": "true"}, version=2, host_id=host)
@@ -282,8 +284,8 @@ def test_no_process_outlives_a_finished_job(world):
     world.run_until(lambda: world.finished(job), what="the job")
     hqe = world.hqe(job)
     assert hqe.status == "Completed"
-    assert not process_alive(int(Path(hqe.results_dir, "bg").read_text()))
-    assert os.path.isdir(hqe.results_dir)
+    assert not process_alive(int(Path(hqe.run.results_dir, "bg").read_text()))
+    assert os.path.isdir(hqe.run.results_dir)
 
 
 def test_a_hostname_cannot_move_results_out_of_the_results_root(world):
@@ -291,7 +293,7 @@ def test_a_hostname_cannot_move_results_out_of_the_results_root(world):
     job = world.job("true", meta_host="board:a")
     world.run_until(lambda: world.finished(job) and world.idle(), what="the job and its cleanup")
     root = world.config.results_root.resolve()
-    assert Path(world.hqe(job).results_dir).resolve().is_relative_to(root)
+    assert Path(world.results_dir(job)).resolve().is_relative_to(root)
     assert not (root.parent.parent / "escape").exists()
     assert all(p.resolve().is_relative_to(root) for p in root.rglob("*"))
 
@@ -335,3 +337,28 @@ def test_a_lost_database_connection_costs_one_phase_and_the_tick_goes_on(transac
         world.run_until(lambda: world.finished(job), what="the job")
     finally:
         world.stop()
+
+
+def test_scheduling_and_moving_hosts_cost_pinned_queries(db, tmp_path, request, django_assert_num_queries):
+    """A start costs the same whatever else is queued; a host's move takes the shard's write lock."""
+    world = make_world(tmp_path, request, recover_every_s=3600)
+    for i in range(7):
+        world.host(f"h{i}", ("board:a",))
+    with django_assert_num_queries(4):
+        world.scheduler.recover()
+    world.job("sleep 30", meta_host="board:a")
+    with django_assert_num_queries(5 + 32):
+        world.scheduler._schedule()
+    for _ in range(5):
+        world.job("sleep 30", meta_host="board:a")
+    with django_assert_num_queries(5 + 5 * 32):
+        world.scheduler._schedule()
+    assert len(world.scheduler.runs) == 6
+    with django_assert_num_queries(7):
+        world.scheduler.tick()
+    (spare,) = Host.objects.filter(status="Ready").values_list("id", flat=True)
+    with shard_write():
+        move_host(spare, "Running", held_by="", holder=world.scheduler.runner_id)
+    with django_assert_num_queries(11):
+        world.scheduler.hosts.after_job(spare, ok=False)  # no repair command: Repairing, then Ready
+    assert (world.host_status(spare), world.host_state(spare).runner) == ("Ready", "")

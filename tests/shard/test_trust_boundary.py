@@ -19,9 +19,9 @@ from shard.config import SchedulerConfig
 from shard.executor import LocalExecutor
 from shard.isolation import make_traversable, resolve_job_user
 from shard.locks import shard_write
-from shard.models import OutboxEntry
+from shard.models import HostState, OutboxEntry
 from shard.scheduler import Scheduler
-from shard.services import record_run, transition_hqe
+from shard.services import open_run, record_run, transition_hqe
 from shard.tracking import CGROUP_V2, FREEZER, PIDS, detect, process_state, remove_cgroup, slug
 from shard.workspace import remove_old_results
 from tests.shard.world import ShardWorld, make_world
@@ -100,10 +100,11 @@ def test_an_hqe_this_process_left_starting_is_closed_and_its_host_repaired(world
     stuck = world.job("true", meta_host="board:a")
     hqe_id = world.hqe(stuck).id
     # What a start that failed half-way leaves: the HQE Starting and the host Running, both ours.
-    Host.objects.filter(id=host).update(status="Running", runner=world.scheduler.runner_id)
+    Host.objects.filter(id=host).update(status="Running")
+    HostState.objects.filter(host_id=host).update(runner=world.scheduler.runner_id)
     with shard_write():
         transition_hqe(hqe_id, "Starting", host_id=host)
-        record_run(hqe_id, runner=world.scheduler.runner_id)
+        open_run(hqe_id, world.scheduler.runner_id)
     after = world.job("true", meta_host="board:a")
     world.run_until(lambda: world.finished(stuck, after), what="the stuck HQE closed and the next job run")
     assert (world.hqe(stuck).status, world.hqe(stuck).failure) == ("Failed", "infra")
@@ -129,7 +130,7 @@ def test_the_job_environment_is_an_allowlist_plus_what_the_operator_passes(tmp_p
     host = world.host("h1", ("board:a",), attributes={"cleanup_command": "env"})
     job = world.job("env", meta_host="board:a")
     world.run_until(lambda: world.finished(job) and world.idle(), what="the job and its cleanup")
-    results = Path(world.hqe(job).results_dir)
+    results = Path(world.results_dir(job))
     (cleanup_log,) = world.config.results_root.glob("hosts/h1/cleanup-*/cleanup.log")
     for log in ((results / "job.log").read_text(), cleanup_log.read_text()):
         names = {line.split("=", 1)[0] for line in log.splitlines() if "=" in line}
@@ -162,7 +163,7 @@ def test_as_root_jobs_run_as_the_job_user_in_a_results_dir_of_their_own(tmp_path
     assert lines[0] == str(user.uid)
     assert {"wrote", "no-secret", "no-listing"} <= set(lines)
     assert "shard-only" not in hqe.log_tail
-    assert Path(hqe.results_dir, "mine").stat().st_uid == user.uid
+    assert Path(hqe.run.results_dir, "mine").stat().st_uid == user.uid
 
 
 @as_root
@@ -178,7 +179,7 @@ def test_a_parent_tightened_after_start_is_opened_again_for_the_next_run(tmp_pat
     job = world.job('echo hi > "$FLEETSHARD_RESULTS_DIR/out"', meta_host="board:a")
     world.run_until(lambda: world.finished(job), what="the job")
     assert world.hqe(job).status == "Completed", world.hqe(job).log_tail
-    assert Path(world.hqe(job).results_dir, "out").read_text() == "hi\n"
+    assert Path(world.results_dir(job), "out").read_text() == "hi\n"
 
 
 # Finding 4: every process of a run is tracked and killed.
@@ -204,7 +205,7 @@ def test_abort_kills_a_setsid_daemon_and_removes_the_cgroup(tmp_path, db, reques
     job = world.job(
         f'setsid {daemon} & echo started > "$FLEETSHARD_RESULTS_DIR/started"; sleep 300', meta_host="board:a"
     )
-    world.run_until(lambda: (d := world.hqe(job).results_dir) and Path(d, "started").exists(), what="the job")
+    world.run_until(lambda: (d := world.results_dir(job)) and Path(d, "started").exists(), what="the job")
     world.run_until(lambda: processes_running(daemon), what="the daemon")
     world.abort(job)
     world.run_until(lambda: world.finished(job), what="the abort")
@@ -285,7 +286,7 @@ def test_a_log_is_cut_at_the_cap_and_the_job_runs_to_its_end(tmp_path, db, reque
     )
     world.run_until(lambda: world.finished(job), what="the job")
     hqe = world.hqe(job)
-    log = Path(hqe.results_dir, "job.log").read_text()
+    log = Path(hqe.run.results_dir, "job.log").read_text()
     assert hqe.status == "Completed"
     assert log.startswith("x" * 1000) and "log cut at 1000 bytes" in log
     assert len(log) < 1200 and "reached-the-end" not in log
@@ -317,7 +318,8 @@ def test_old_run_directories_are_removed_but_never_an_active_runs(tmp_path, db, 
     with shard_write():
         transition_hqe(world.hqe(job).id, "Running", host_id=host)
         # Run by a scheduler process on another machine: alive as far as this one can tell.
-        record_run(world.hqe(job).id, runner="elsewhere:1:1", results_dir=str(active))
+        open_run(world.hqe(job).id, "elsewhere:1:1")
+        record_run(world.hqe(job).id, results_dir=str(active))
     age(fresh / "job.log", 3)
     age(fresh, 3)
     world.scheduler.tick()
@@ -420,7 +422,7 @@ def test_a_job_cannot_read_or_change_what_an_earlier_job_left(tmp_path, db, requ
     world.host("h1", ("board:a",))
     first = world.job('echo topsecret > "$FLEETSHARD_RESULTS_DIR/secret"', meta_host="board:a")
     world.run_until(lambda: world.finished(first), what="the first job")
-    done = Path(world.hqe(first).results_dir)
+    done = Path(world.results_dir(first))
     later = world.job(
         f"cat {done}/secret || echo cannot-read; mv {done}/job.log {done}/gone || echo cannot-move",
         meta_host="board:a",

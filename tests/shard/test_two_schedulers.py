@@ -41,8 +41,9 @@ def test_two_schedulers_share_hosts_without_overlap(master_server, tmp_path):
     if bad:
         rows = sql(
             role.database_url,
-            "SELECT id, status, failure, exit_code, runner, pid, results_dir FROM common_hostqueueentry "
-            f"WHERE job_id IN {in_list(jobs)} ORDER BY id",
+            "SELECT q.id, q.status, q.failure, q.exit_code, r.runner, r.pid, r.results_dir "
+            "FROM common_hostqueueentry q LEFT JOIN shard_run r ON r.hqe_id = q.id "
+            f"WHERE q.job_id IN {in_list(jobs)} ORDER BY q.id",
         )
         named = [r for r in rows if r[6] and any(r[6] in b for b in bad)]
         marks = [f"HQE {r[0]} " for r in named] + ["WARNING", "ERROR"]
@@ -53,7 +54,8 @@ def test_two_schedulers_share_hosts_without_overlap(master_server, tmp_path):
         raise AssertionError(f"{bad}\nthose runs' HQEs on the shard: {named}\nscheduler logs: {logs}")
     runners = sql(
         role.database_url,
-        f"SELECT runner, count(*) FROM common_hostqueueentry WHERE job_id IN {in_list(jobs)} GROUP BY runner",
+        "SELECT r.runner, count(*) FROM common_hostqueueentry q JOIN shard_run r ON r.hqe_id = q.id "
+        f"WHERE q.job_id IN {in_list(jobs)} GROUP BY r.runner",
     )
     print("HQEs per scheduler process:", runners)
     assert len(runners) == 2, f"both schedulers must have run jobs: {runners}"

@@ -13,6 +13,7 @@ from common.models import Host, HostQueueEntry, Job
 from common.wire import HeartbeatResponse, format_time
 from shard.config import SchedulerConfig
 from shard.ingest import IngestResult, apply_response
+from shard.models import HostState, Run
 from shard.scheduler import Scheduler
 
 
@@ -98,7 +99,7 @@ class ShardWorld:
         Job.objects.filter(id=job_id).update(aborted=True)
 
     def hqes(self, job_id: int) -> list[HostQueueEntry]:
-        return list(HostQueueEntry.objects.filter(job_id=job_id).order_by("id"))
+        return list(HostQueueEntry.objects.filter(job_id=job_id).select_related("run").order_by("id"))
 
     def hqe(self, job_id: int) -> HostQueueEntry:
         (hqe,) = self.hqes(job_id)
@@ -106,6 +107,15 @@ class ShardWorld:
 
     def host_status(self, host_id: int) -> str:
         return Host.objects.get(id=host_id).status
+
+    def host_state(self, host_id: int) -> HostState:
+        return HostState.objects.get(host_id=host_id)
+
+    def results_dir(self, job_id: int) -> str:
+        """The results directory of the job's one HQE's run; "" until it has one."""
+        dirs = list(Run.objects.filter(hqe__job_id=job_id).values_list("results_dir", flat=True))
+        assert len(dirs) <= 1, f"job {job_id} has {len(dirs)} runs"
+        return dirs[0] if dirs else ""
 
     def run_until(self, predicate: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
         """Ticks the scheduler until `predicate` holds; generous timeouts, never an elapsed-time assertion."""
