@@ -59,6 +59,14 @@ SPECTACULAR_SETTINGS = {
 
 FLEETSHARD_MAX_HQES_PER_JOB = int(os.environ.get("FLEETSHARD_MAX_HQES_PER_JOB", "500"))  # a job's bound
 
+# What each `serve` worker runs beside requests: the regression detector, unless this master runs
+# `manage.py detect_regressions` on its own (FLEETSHARD_DETECT_IN_SERVE=0).
+FLEETSHARD_SERVE_BACKGROUND = (
+    ["master.results.detection.start_detector_thread"]
+    if os.environ.get("FLEETSHARD_DETECT_IN_SERVE", "1") != "0"
+    else []
+)
+
 # The timings index covers its columns on PostgreSQL (INCLUDE); SQLite keeps a plain index, which is
 # all it can do, so its warning says nothing an operator could act on.
 SILENCED_SYSTEM_CHECKS = ["models.W040"]

@@ -304,9 +304,8 @@ class ResultUploadView(APIView):
             if hqe is not None:
                 record_rejection(hqe, name, data, exc)
             return _error(400, str(exc), exc.field or "body")
-        run = TestRun.objects.select_related("host", "shard").get(id=stored.run.id)
         return Response(
-            UploadSerializer({"created": stored.created, "run": run}).data,
+            UploadSerializer({"created": stored.created, "run": stored.run}).data,
             status=status.HTTP_201_CREATED if stored.created else status.HTTP_200_OK,
         )
 

@@ -135,3 +135,28 @@ class RejectedResult(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} (HQE {self.hqe_id})"
+
+
+class DirtySeries(models.Model):
+    """A series (test, entry, label) that an upload touched and the detector has not read since.
+
+    Written in the upload's transaction, so a stored run is never left unwatched, even when the
+    master dies before the detector runs; several uploads to one series before it runs are one row,
+    so one detection. `stamp` changes with each upload: the detector deletes the row only if it is
+    unchanged since it was claimed. `claimed_until` keeps two detectors off the same series, and
+    lets another take it over when the one that claimed it died."""
+
+    test = models.CharField(max_length=NAME_CHARS)
+    entry = models.CharField(max_length=NAME_CHARS)
+    label = models.CharField(max_length=NAME_CHARS, blank=True, default="")
+    stamp = models.BigIntegerField()
+    marked_on = models.DateTimeField(default=timezone.now)
+    claimed_until = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        app_label = "master"
+        verbose_name_plural = "dirty series"
+        constraints = [models.UniqueConstraint(fields=["test", "entry", "label"], name="dirtyseries_unique_series")]
+
+    def __str__(self) -> str:
+        return f"{self.test} / {self.entry} [{self.label or '-'}]"
