@@ -8,8 +8,8 @@ from django.test import Client
 
 from common.models import HostQueueEntry
 from master.models import AuditRecord, Regression, RejectedResult, TestRun
-from master.results.formats import ResultFormatError
 from master.results.detection import drain
+from master.results.formats import ResultFormatError
 from master.results.ingest import record_rejection, store_result_file
 from tests.master.results.factories import hour, stepped, tf_file
 
