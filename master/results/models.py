@@ -91,6 +91,21 @@ class RegressionStatus(models.TextChoices):
 
 OPEN_STATUSES = (RegressionStatus.NEW, RegressionStatus.ACKNOWLEDGED)
 
+# What people are shown of a regression, in the API and the admin alike.
+REGRESSION_FIELDS = (
+    "test",
+    "entry",
+    "label",
+    "start",
+    "before_s",
+    "after_s",
+    "change_pct",
+    "status",
+    "detected_on",
+    "fixed_on",
+    "run",
+)
+
 
 class Regression(models.Model):
     """A step up of one series' timings that stayed up; `start` is the first slow run's start."""
