@@ -8,7 +8,9 @@ postgres://postgres@127.0.0.1:5432/postgres). It creates a database of its own, 
 real master (`manage.py serve`, 2 workers) and:
 1. uploads `--files` result files through POST /api/v1/results/upload from `--threads` threads
    (each file a new run of one of 5 tests, so regression detection runs on growing series) and
-   prints entries per second, end to end;
+   prints entries per second, end to end, then how long after the last upload the master's
+   detector threads (not the requests: DESIGN.md's detection runs after each upload) had read every
+   series the uploads marked;
 2. loads `--rows` more entries with COPY (10 tests x 100 entries, so 1,000 runs of each test, spread over a year), runs
    ANALYZE, then times the query GET /api/v1/results/timings/ runs (the newest 100 timings of one
    entry, with host and job), in-process and through the endpoint, and prints its EXPLAIN ANALYZE.
@@ -155,6 +157,14 @@ def main() -> None:
         import psycopg2
 
         conn = psycopg2.connect(url)
+        conn.autocommit = True
+        lag, series = detection_lag(conn)
+        print(
+            f"detection (the master's detector threads, after the requests): {series} series marked by the "
+            f"uploads, all read {lag:.1f} s after the last upload",
+            flush=True,
+        )
+        conn.autocommit = False
         started = time.perf_counter()
         bulk_load(conn, args.rows)
         cur = conn.cursor()
@@ -206,6 +216,21 @@ def main() -> None:
             _drop(name)
         else:
             print(f"kept database {url}")
+
+
+def detection_lag(conn: object, timeout: float = 300) -> tuple[float, int]:
+    """Seconds from now (the last upload's answer) until no series is left marked, and how many
+    distinct series the uploads marked (each upload marks its own; several to one series are one)."""
+    started = time.perf_counter()
+    cur = conn.cursor()  # type: ignore[attr-defined]
+    cur.execute("SELECT count(DISTINCT (test, entry, label)) FROM master_testentry")
+    series = cur.fetchone()[0]
+    while time.perf_counter() - started < timeout:
+        cur.execute("SELECT count(*) FROM master_dirtyseries")
+        if cur.fetchone()[0] == 0:
+            return time.perf_counter() - started, series
+        time.sleep(0.1)
+    raise SystemExit(f"the detector did not drain the marked series within {timeout:.0f} s")
 
 
 def _series_length(test: str, entry: str) -> int:

@@ -33,7 +33,12 @@ Claimed = list[tuple[int, str, str, str, int]]  # (row id, test, entry, label, s
 
 def mark_dirty(run_id: int, now: datetime | None = None) -> None:
     """Marks the series of a stored run's entries dirty, in one statement inside the caller's
-    transaction. Rows go in entry order, so two uploads to the same series lock them in one order."""
+    transaction. Rows go in entry order, so two uploads to the same series lock them in one order.
+
+    A series already marked and not claimed is only locked (ON CONFLICT locks every conflicting
+    row), not rewritten: no detector can claim it before this upload commits (it skips locked
+    rows), so the detection it is waiting for will read this upload too. Rewriting it anyway
+    left a dead row per series per upload, which made the upsert several times slower."""
     now = now or timezone.now()
     qn = connection.ops.quote_name
     dirty, entries = qn(DirtySeries._meta.db_table), qn(TestEntry._meta.db_table)
@@ -42,7 +47,8 @@ def mark_dirty(run_id: int, now: datetime | None = None) -> None:
         f"INSERT INTO {dirty} (test, entry, label, stamp, marked_on) "
         f"SELECT test, entry, label, %s, %s FROM {entries} WHERE run_id = %s AND true ORDER BY entry "
         "ON CONFLICT (test, entry, label) DO UPDATE "
-        "SET stamp = excluded.stamp, marked_on = excluded.marked_on, claimed_until = NULL"
+        "SET stamp = excluded.stamp, marked_on = excluded.marked_on, claimed_until = NULL "
+        f"WHERE {dirty}.claimed_until IS NOT NULL"
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, [secrets.randbits(62), connection.ops.adapt_datetimefield_value(now), run_id])

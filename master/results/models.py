@@ -157,9 +157,10 @@ class DirtySeries(models.Model):
 
     Written in the upload's transaction, so a stored run is never left unwatched, even when the
     master dies before the detector runs; several uploads to one series before it runs are one row,
-    so one detection. `stamp` changes with each upload: the detector deletes the row only if it is
-    unchanged since it was claimed. `claimed_until` keeps two detectors off the same series, and
-    lets another take it over when the one that claimed it died."""
+    so one detection (`marked_on` is the first's time). An upload while a detector reads the series
+    changes `stamp` and frees the claim: the detector deletes the row only if its stamp is the one
+    it claimed. `claimed_until` keeps two detectors off the same series, and lets another take it
+    over when the one that claimed it died."""
 
     test = models.CharField(max_length=NAME_CHARS)
     entry = models.CharField(max_length=NAME_CHARS)

@@ -37,10 +37,14 @@ def test_an_upload_marks_its_series_and_a_drain_raises_the_regression():
 
 
 def test_many_uploads_to_a_series_cost_one_detection():
-    for i in range(5):
+    store(0, {"e": 1.0})
+    first = DirtySeries.objects.get()
+    for i in range(1, 5):
         store(i, {"e": 1.0})
     store(0, {"x": 1.0}, test="u")
     assert DirtySeries.objects.count() == 2
+    again = DirtySeries.objects.get(test="t")
+    assert (again.id, again.stamp, again.marked_on) == (first.id, first.stamp, first.marked_on)  # only locked
     assert drain_once() == 2
 
 
