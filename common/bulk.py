@@ -49,11 +49,16 @@ _AS_IS = {
 def _payload(columns: "list[tuple[Field[Any, Any], str]]", rows: list[dict[str, Any]], with_id: bool) -> str:
     plain = [(f.name, col) for f, col in columns if f.get_internal_type() in _AS_IS]
     prepared = [(f, col) for f, col in columns if f.get_internal_type() not in _AS_IS]
+    memo: dict[tuple[str, Any], Any] = {}  # rows often share a value (a run's start)
     payload = []
     for row in rows:
         out = {col: row[name] for name, col in plain}
         for f, col in prepared:
-            out[col] = f.get_db_prep_value(row[f.name], connection)
+            value = row[f.name]
+            key = (col, value)
+            if key not in memo:
+                memo[key] = f.get_db_prep_value(value, connection)
+            out[col] = memo[key]
         if with_id:
             out["id"] = row["id"]
         payload.append(out)

@@ -25,8 +25,11 @@ log = logging.getLogger("master.results.detection")
 # Series claimed at once; a claim not finished within LEASE (its detector died) is taken over.
 BATCH = 500
 LEASE = timedelta(minutes=5)
-# How often an idle detector looks for dirty series.
+# How often an idle detector looks for dirty series, and how long the served detector lets a series
+# settle after it was marked: uploads to it meanwhile share one detection, and a burst of uploads
+# leaves the CPU to the requests. Tests and `detect_regressions --once` read at once.
 INTERVAL_S = 1.0
+SETTLE = timedelta(seconds=2)
 
 Claimed = list[tuple[int, str, str, str, int]]  # (row id, test, entry, label, stamp)
 
@@ -54,14 +57,15 @@ def mark_dirty(run_id: int, now: datetime | None = None) -> None:
         cursor.execute(sql, [secrets.randbits(62), connection.ops.adapt_datetimefield_value(now), run_id])
 
 
-def claim(limit: int, now: datetime) -> Claimed:
-    """Up to `limit` dirty series no live detector holds, claimed for LEASE. Rows an upload is
-    marking right now are skipped (PostgreSQL: SKIP LOCKED), never waited for: no deadlock."""
+def claim(limit: int, now: datetime, settle: timedelta = timedelta(0)) -> Claimed:
+    """Up to `limit` dirty series no live detector holds, marked at least `settle` ago, claimed for
+    LEASE. Rows an upload is marking right now are skipped (PostgreSQL: SKIP LOCKED), never waited
+    for: no deadlock."""
     free = Q(claimed_until__isnull=True) | Q(claimed_until__lt=now)
     with transaction.atomic():
         rows = list(
             DirtySeries.objects.select_for_update(skip_locked=True)
-            .filter(free)
+            .filter(free, marked_on__lte=now - settle)
             .order_by("id")
             .values_list("id", "test", "entry", "label", "stamp")[:limit]
         )
@@ -70,10 +74,10 @@ def claim(limit: int, now: datetime) -> Claimed:
     return rows
 
 
-def drain_once(limit: int = BATCH, now: datetime | None = None) -> int:
+def drain_once(limit: int = BATCH, now: datetime | None = None, settle: timedelta = timedelta(0)) -> int:
     """Runs the detector on up to `limit` dirty series; returns how many it claimed."""
     now = now or timezone.now()
-    claimed = claim(limit, now)
+    claimed = claim(limit, now, settle)
     detect_claimed(claimed, now)
     return len(claimed)
 
@@ -108,12 +112,13 @@ def drain(limit: int = BATCH) -> int:
 
 
 def run_detector(stop: threading.Event, interval_s: float = INTERVAL_S) -> None:
-    """The detector's loop, until `stop` is set: drains, then waits `interval_s` when idle. A
-    database error is logged and retried on a fresh connection after the interval."""
+    """The detector's loop, until `stop` is set: drains series settled for SETTLE, then waits
+    `interval_s` when none is left. A database error is logged and retried on a fresh connection
+    after the interval."""
     while not stop.is_set():
         close_old_connections()
         try:
-            more = drain_once() == BATCH
+            more = drain_once(settle=SETTLE) == BATCH
         except Exception:
             log.exception("regression detector: draining failed; retrying in %.1f s", interval_s)
             connection.close()

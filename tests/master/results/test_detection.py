@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from master.models import DirtySeries, Regression
 from master.results import detection
-from master.results.detection import LEASE, claim, detect_claimed, drain, drain_once
+from master.results.detection import LEASE, SETTLE, claim, detect_claimed, drain, drain_once
 from master.results.ingest import store_result_file
 from tests.master.results.factories import hour, stepped, tf_file
 
@@ -91,6 +91,13 @@ def test_a_series_whose_detection_fails_stays_marked_and_the_others_go_on(monkey
     monkeypatch.setattr(detection, "detect_after_upload", real)
     assert drain_once(now=now + LEASE + timedelta(seconds=1)) == 1
     assert sorted(Regression.objects.values_list("test", flat=True)) == ["broken", "t"]
+
+
+def test_the_served_detector_lets_a_series_settle_before_reading_it():
+    store(0, {"e": 1.0})
+    now = timezone.now()
+    assert drain_once(now=now, settle=SETTLE) == 0  # just marked: more uploads may come
+    assert drain_once(now=now + SETTLE, settle=SETTLE) == 1
 
 
 def test_detect_regressions_once_drains_what_is_marked(capsys):
