@@ -146,11 +146,19 @@ def main() -> None:
         master.start()
         wait_until(lambda: _up(base), timeout=90, what="the master to serve")
 
+        before = cpu_seconds(master.proc.pid, name)  # type: ignore[union-attr]
         elapsed, entries = ingest(base, token, args.files, args.entries_per_file, args.threads)
+        spent = [b - a for a, b in zip(before, cpu_seconds(master.proc.pid, name), strict=True)]
         print(
             f"ingest: {args.files} files x {args.entries_per_file} entries through the endpoint "
             f"({args.threads} threads, 2 workers): {elapsed:.2f} s, {entries / elapsed:,.0f} entries/s, "
             f"{args.files / elapsed:.1f} files/s",
+            flush=True,
+        )
+        print(
+            "CPU per file meanwhile: "
+            + ", ".join(f"{who} {s / args.files * 1000:.1f} ms" for who, s in zip(CPU_OF, spent, strict=True))
+            + f" ({os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f})",
             flush=True,
         )
 
@@ -216,6 +224,31 @@ def main() -> None:
             _drop(name)
         else:
             print(f"kept database {url}")
+
+
+CPU_OF = ("the master (gunicorn workers, detector threads included)", "its PostgreSQL backends", "this client")
+
+
+def cpu_seconds(master_pid: int, database: str) -> tuple[float, float, float]:
+    """CPU seconds used so far by the master's process group, by the PostgreSQL backends connected
+    to `database` (a backend that exited is missed: the master keeps its connections), and by
+    this process, from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    master = backends = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            title = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        used = (int(fields[11]) + int(fields[12])) / tick
+        if int(fields[2]) == master_pid:
+            master += used
+        elif title.startswith("postgres:") and f" {database} " in title:
+            backends += used
+    return master, backends, time.process_time()
 
 
 def detection_lag(conn: object, timeout: float = 300) -> tuple[float, int]:

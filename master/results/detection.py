@@ -83,12 +83,13 @@ def drain_once(limit: int = BATCH, now: datetime | None = None, settle: timedelt
 
 
 def detect_claimed(claimed: Claimed, now: datetime) -> None:
-    """Runs the detector on claimed series, one query pair per (test, label), then deletes each row
-    no upload marked again meanwhile. A series whose detection fails stays claimed (and logged)
-    until its lease ends, then is tried again."""
+    """Runs the detector on claimed series, one query pair per (test, label), then forgets each
+    series no upload marked again meanwhile. A series whose detection fails stays claimed (and
+    logged) until its lease ends, then is tried again."""
     groups: dict[tuple[str, str], list[tuple[int, str, int]]] = defaultdict(list)
     for row_id, test, entry, label, stamp in claimed:
         groups[(test, label)].append((row_id, entry, stamp))
+    done: dict[int, int] = {}
     for (test, label), rows in groups.items():
         try:
             with transaction.atomic():
@@ -96,9 +97,20 @@ def detect_claimed(claimed: Claimed, now: datetime) -> None:
         except Exception:
             log.exception("regression detection failed for test %r label %r; retried after %s", test, label, LEASE)
             continue
-        for row_id, _, stamp in rows:
-            # One row per statement: holding no other lock while waiting on an upload's, never deadlocks.
-            DirtySeries.objects.filter(id=row_id, stamp=stamp).delete()
+        done.update((row_id, stamp) for row_id, _, stamp in rows)
+    _forget(done)
+
+
+@transaction.atomic
+def _forget(done: dict[int, int]) -> None:
+    """Deletes the rows of `done` (id: stamp as claimed) whose stamp is unchanged. A row an upload
+    holds is skipped, never waited for (so no deadlock): that upload re-marks it, which frees it
+    for the next drain."""
+    if not done:
+        return
+    held = DirtySeries.objects.select_for_update(skip_locked=True).filter(id__in=list(done))
+    gone = [row_id for row_id, stamp in held.values_list("id", "stamp") if done[row_id] == stamp]
+    DirtySeries.objects.filter(id__in=gone).delete()
 
 
 def drain(limit: int = BATCH) -> int:
