@@ -29,7 +29,7 @@ LEASE = timedelta(minutes=5)
 # settle after it was marked: uploads to it meanwhile share one detection, and a burst of uploads
 # leaves the CPU to the requests. Tests and `detect_regressions --once` read at once.
 INTERVAL_S = 1.0
-SETTLE = timedelta(seconds=2)
+SETTLE = timedelta(seconds=5)
 
 Claimed = list[tuple[int, str, str, str, int]]  # (row id, test, entry, label, stamp)
 
