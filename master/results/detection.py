@@ -1,10 +1,10 @@
 """When regression detection runs: after each upload, but outside it.
 
-An upload marks the series it touched dirty (`mark_dirty`, in its own transaction); a detector
-(`drain`, run by the thread `serve` starts in each master worker, by `manage.py detect_regressions`,
-or by a test) claims dirty series, runs master.results.regressions on them, and deletes each row
-whose stamp no upload changed meanwhile. So an upload costs one upsert, several uploads to a series
-cost one detection, and a series marked but not yet read survives a crash of the master.
+An upload marks the series it touched dirty (`mark_dirty`, in the upload's transaction); a detector
+(the thread `serve` starts in each master worker, `manage.py detect_regressions`, or `drain` in a
+test) claims dirty series, runs master.results.regressions on them, and deletes each row whose
+stamp no upload changed meanwhile. So an upload costs one upsert, several uploads to a series cost
+one detection, and a series marked but not yet read survives a crash of the master.
 """
 
 import logging
