@@ -8,9 +8,9 @@ postgres://postgres@127.0.0.1:5432/postgres). It creates a database of its own, 
 real master (`manage.py serve`, 2 workers) and:
 1. uploads `--files` result files through POST /api/v1/results/upload from `--threads` threads
    (each file a new run of one of 5 tests, so regression detection runs on growing series) and
-   prints entries per second, end to end, then how long after the last upload the master's
-   detector threads (not the requests: DESIGN.md's detection runs after each upload) had read every
-   series the uploads marked;
+   prints entries per second, end to end; the CPU per file of the master, its PostgreSQL
+   backends and this client (what bounds the rate on a quiet machine); and how long after the last
+   upload the master's detector threads (not the requests) had read every series the uploads marked;
 2. loads `--rows` more entries with COPY (10 tests x 100 entries, so 1,000 runs of each test, spread over a year), runs
    ANALYZE, then times the query GET /api/v1/results/timings/ runs (the newest 100 timings of one
    entry, with host and job), in-process and through the endpoint, and prints its EXPLAIN ANALYZE.
