@@ -8,7 +8,9 @@ postgres://postgres@127.0.0.1:5432/postgres). It creates a database of its own, 
 real master (`manage.py serve`, 2 workers) and:
 1. uploads `--files` result files through POST /api/v1/results/upload from `--threads` threads
    (each file a new run of one of 5 tests, so regression detection runs on growing series) and
-   prints entries per second, end to end;
+   prints entries per second, end to end; the CPU per file of the master, its PostgreSQL
+   backends and this client (what bounds the rate on a quiet machine); and how long after the last
+   upload the master's detector threads (not the requests) had read every series the uploads marked;
 2. loads `--rows` more entries with COPY (10 tests x 100 entries, so 1,000 runs of each test, spread over a year), runs
    ANALYZE, then times the query GET /api/v1/results/timings/ runs (the newest 100 timings of one
    entry, with host and job), in-process and through the endpoint, and prints its EXPLAIN ANALYZE.
@@ -144,17 +146,33 @@ def main() -> None:
         master.start()
         wait_until(lambda: _up(base), timeout=90, what="the master to serve")
 
+        before = cpu_seconds(master.proc.pid, name)  # type: ignore[union-attr]
         elapsed, entries = ingest(base, token, args.files, args.entries_per_file, args.threads)
+        spent = [b - a for a, b in zip(before, cpu_seconds(master.proc.pid, name), strict=True)]
         print(
             f"ingest: {args.files} files x {args.entries_per_file} entries through the endpoint "
             f"({args.threads} threads, 2 workers): {elapsed:.2f} s, {entries / elapsed:,.0f} entries/s, "
             f"{args.files / elapsed:.1f} files/s",
             flush=True,
         )
+        print(
+            "CPU per file meanwhile: "
+            + ", ".join(f"{who} {s / args.files * 1000:.1f} ms" for who, s in zip(CPU_OF, spent, strict=True))
+            + f" ({os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f})",
+            flush=True,
+        )
 
         import psycopg2
 
         conn = psycopg2.connect(url)
+        conn.autocommit = True
+        lag, series = detection_lag(conn)
+        print(
+            f"detection (the master's detector threads, after the requests): {series} series marked by the "
+            f"uploads, all read {lag:.1f} s after the last upload",
+            flush=True,
+        )
+        conn.autocommit = False
         started = time.perf_counter()
         bulk_load(conn, args.rows)
         cur = conn.cursor()
@@ -206,6 +224,46 @@ def main() -> None:
             _drop(name)
         else:
             print(f"kept database {url}")
+
+
+CPU_OF = ("the master (gunicorn workers, detector threads included)", "its PostgreSQL backends", "this client")
+
+
+def cpu_seconds(master_pid: int, database: str) -> tuple[float, float, float]:
+    """CPU seconds used so far by the master's process group, by the PostgreSQL backends connected
+    to `database` (a backend that exited is missed: the master keeps its connections), and by
+    this process, from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    master = backends = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            title = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        used = (int(fields[11]) + int(fields[12])) / tick
+        if int(fields[2]) == master_pid:
+            master += used
+        elif title.startswith("postgres:") and f" {database} " in title:
+            backends += used
+    return master, backends, time.process_time()
+
+
+def detection_lag(conn: object, timeout: float = 300) -> tuple[float, int]:
+    """Seconds from now (the last upload's answer) until no series is left marked, and how many
+    distinct series the uploads marked (each upload marks its own; several to one series are one)."""
+    started = time.perf_counter()
+    cur = conn.cursor()  # type: ignore[attr-defined]
+    cur.execute("SELECT count(DISTINCT (test, entry, label)) FROM master_testentry")
+    series = cur.fetchone()[0]
+    while time.perf_counter() - started < timeout:
+        cur.execute("SELECT count(*) FROM master_dirtyseries")
+        if cur.fetchone()[0] == 0:
+            return time.perf_counter() - started, series
+        time.sleep(0.1)
+    raise SystemExit(f"the detector did not drain the marked series within {timeout:.0f} s")
 
 
 def _series_length(test: str, entry: str) -> int:

@@ -79,11 +79,19 @@ class Token(models.Model):
 
 
 # Benchmark results live in their own module; Django finds an app's models here.
-from master.results.models import Regression, RegressionStatus, RejectedResult, TestEntry, TestRun  # noqa: E402
+from master.results.models import (  # noqa: E402
+    DirtySeries,
+    Regression,
+    RegressionStatus,
+    RejectedResult,
+    TestEntry,
+    TestRun,
+)
 
 __all__ = [
     "AuditRecord",
     "AuditTarget",
+    "DirtySeries",
     "Regression",
     "RegressionStatus",
     "RejectedResult",

@@ -89,6 +89,10 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # The heartbeat's body limit (docs/protocol.md: 413 over 10 MiB).
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 
+# Dotted paths of functions each `serve` worker calls once started, each returning (thread, stop
+# event): background work of the role (the master's regression detector).
+FLEETSHARD_SERVE_BACKGROUND: list[str] = []
+
 # The heartbeat's period: the shard sends at it, the master counts a shard offline after missing a few.
 FLEETSHARD_HEARTBEAT_INTERVAL_S = float(os.environ.get("FLEETSHARD_HEARTBEAT_INTERVAL_S", "10"))
 

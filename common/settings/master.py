@@ -7,6 +7,11 @@ from common.settings.base import DJANGO_APPS, databases
 
 ROLE = "master"
 DATABASES = databases(ROLE)
+# A served master keeps each thread's database connection for this many seconds (0: a new one per
+# request), checked before reuse so a restarted database costs one reconnect. Opening a PostgreSQL
+# connection costs about as much as storing a 100-entry result file.
+DATABASES["default"]["CONN_MAX_AGE"] = int(os.environ.get("FLEETSHARD_DB_CONN_MAX_AGE", "60"))
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 ROOT_URLCONF = "master.urls"
 
 INSTALLED_APPS = [
@@ -58,6 +63,14 @@ SPECTACULAR_SETTINGS = {
 }
 
 FLEETSHARD_MAX_HQES_PER_JOB = int(os.environ.get("FLEETSHARD_MAX_HQES_PER_JOB", "500"))  # a job's bound
+
+# What each `serve` worker runs beside requests: the regression detector, unless this master runs
+# `manage.py detect_regressions` on its own (FLEETSHARD_DETECT_IN_SERVE=0).
+FLEETSHARD_SERVE_BACKGROUND = (
+    ["master.results.detection.start_detector_thread"]
+    if os.environ.get("FLEETSHARD_DETECT_IN_SERVE", "1") != "0"
+    else []
+)
 
 # The timings index covers its columns on PostgreSQL (INCLUDE); SQLite keeps a plain index, which is
 # all it can do, so its warning says nothing an operator could act on.

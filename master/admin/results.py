@@ -13,6 +13,7 @@ from common.errors import FleetshardError
 from master.admin.base import ServiceAdmin
 from master.models import Regression, RegressionStatus, RejectedResult, TestEntry, TestRun
 from master.results.ingest import UNSENT_DIGEST
+from master.results.models import REGRESSION_FIELDS
 from master.results.regressions import set_regression_status
 
 
@@ -76,20 +77,7 @@ class RegressionAdmin(ServiceAdmin):
     list_display = ["test", "entry", "label", "start", "before_s", "after_s", "change_shown", "status", "detected_on"]
     list_filter = ["status"]
     search_fields = ["test", "entry", "label"]
-    readonly_fields = [
-        "test",
-        "entry",
-        "label",
-        "start",
-        "before_s",
-        "after_s",
-        "change_pct",
-        "status",
-        "detected_on",
-        "fixed_on",
-        "run",
-        "chart",
-    ]
+    readonly_fields = [*REGRESSION_FIELDS, "chart"]
     fields = tuple(readonly_fields)
     actions = ["mark_acknowledged", "mark_invalid", "mark_fixed", "mark_new"]
 

@@ -127,13 +127,13 @@ def chart_of(test: str, entry: str) -> Chart:
     truncated = len(rows) > MAX_POINTS
     by_label: dict[str, list[list[Any]]] = {}
     for row in reversed(rows[:MAX_POINTS]):
-        job_id = row.run.job_id
-        by_label.setdefault(row.label, []).append(
+        job_id = row["job"]
+        by_label.setdefault(row["label"], []).append(
             [
-                row.start.timestamp(),
-                row.wall_time_s,
+                row["start"].timestamp(),
+                row["wall_time_s"],
                 reverse("admin:common_job_change", args=[job_id]) if job_id is not None else None,
-                row.run.host.hostname if row.run.host is not None else None,
+                row["host"],
             ]
         )
     series = [{"label": label, "points": points} for label, points in sorted(by_label.items())]

@@ -1,5 +1,5 @@
-"""Storing one result file: parse, refuse duplicates, store the run and its entries, then look for
-regressions in the series the run touched. The upload endpoint and the tests call it."""
+"""Storing one result file: parse, refuse duplicates, store the run and its entries, and mark the
+series the run touched for the regression detector. The upload endpoint and the tests call it."""
 
 import hashlib
 from dataclasses import dataclass
@@ -7,15 +7,16 @@ from dataclasses import dataclass
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 
+from common.bulk import bulk_insert
 from common.constants import MAX_RESULT_FILES_PER_RUN, MAX_RESULT_REASON_CHARS
 from common.errors import FleetshardError
 from common.models import HostQueueEntry, Shard
 from common.wire import clean_text
 from master.audit import ActingUser, record
+from master.results.detection import mark_dirty
 from master.results.formats import ParsedRun, ResultFormatError, parse_result_file
 from master.results.formats.records import clean_info
 from master.results.models import RejectedResult, TestEntry, TestRun
-from master.results.regressions import detect_after_upload
 
 BOARD_PREFIX = "board:"
 # A file the shard never sent has no digest: the master never saw its bytes.
@@ -37,6 +38,20 @@ def board_label(labels: list[str]) -> str:
     return next((name for name in sorted(labels) if name.startswith(BOARD_PREFIX)), "")
 
 
+ENTRY_FIELDS = [
+    "run",
+    "test",
+    "entry",
+    "label",
+    "start",
+    "wall_time_s",
+    "cpu_time_s",
+    "iterations",
+    "throughput",
+    "extras",
+]
+
+
 @transaction.atomic
 def store_result_file(
     data: bytes,
@@ -49,17 +64,18 @@ def store_result_file(
     """Stores one result file, once: the same bytes for the same test and start return the run stored
     before (created False), also when two identical uploads race. A file from a shard comes with its
     HQE (checked by the caller to be the shard's) and links the run to the job and host; a person's
-    upload (`acting_user`) is audited as `result.upload`. Raises ResultFormatError for a malformed
-    file, storing nothing."""
+    upload (`acting_user`) is audited as `result.upload`. The series it touched are marked for the
+    regression detector (master.results.detection), which runs after, outside this request. Raises
+    ResultFormatError for a malformed file, storing nothing.
+
+    A new file costs one query per row it writes (run, entries, dirty series, audit), whatever its
+    number of entries: the entries go in one statement, unpacked from JSON by the database."""
     parsed = parse_result_file(name, data)
     digest = digest_of(data)
-    existing = _existing(parsed, digest)
-    if existing is not None:
-        return existing
     labels: list[str] = []
     host = hqe.host if hqe is not None else None
     if host is not None:
-        labels = sorted(label.name for label in host.labels.all())
+        labels = sorted(host.labels.values_list("name", flat=True))
     run = TestRun(
         test=parsed.test,
         start=parsed.start,
@@ -76,32 +92,35 @@ def store_result_file(
         entry_count=len(parsed.entries),
     )
     try:
-        with transaction.atomic():  # a savepoint: the race's loser rolls back this insert only
+        # Insert first, look up only on a clash: a new file (the usual case) costs no lookup. The
+        # savepoint rolls back this insert only, for a file stored before or by a racing upload.
+        with transaction.atomic():
             run.save(force_insert=True)
     except IntegrityError:
         existing = _existing(parsed, digest)
         if existing is None:
             raise
         return existing
-    TestEntry.objects.bulk_create(
+    bulk_insert(
+        TestEntry,
         [
-            TestEntry(
-                run=run,
-                test=run.test,
-                entry=e.name,
-                label=run.label,
-                start=run.start,
-                wall_time_s=e.wall_time_s,
-                cpu_time_s=e.cpu_time_s,
-                iterations=e.iterations,
-                throughput=e.throughput,
-                extras=clean_info(dict(e.extras)),
-            )
+            {
+                "run": run.id,
+                "test": run.test,
+                "entry": e.name,
+                "label": run.label,
+                "start": run.start,
+                "wall_time_s": e.wall_time_s,
+                "cpu_time_s": e.cpu_time_s,
+                "iterations": e.iterations,
+                "throughput": e.throughput,
+                "extras": clean_info(dict(e.extras)),
+            }
             for e in parsed.entries
         ],
-        batch_size=1000,
+        ENTRY_FIELDS,
     )
-    detect_after_upload(run.test, run.label, sorted({e.name for e in parsed.entries}))
+    mark_dirty(run.id)
     if shard is None:
         record(
             "result.upload",
@@ -113,7 +132,8 @@ def store_result_file(
 
 
 def _existing(parsed: ParsedRun, digest: str) -> StoredRun | None:
-    run = TestRun.objects.filter(test=parsed.test, start=parsed.start, digest=digest).first()
+    found = TestRun.objects.select_related("host", "shard").filter(test=parsed.test, start=parsed.start, digest=digest)
+    run = found.first()
     return StoredRun(run, False) if run is not None else None
 
 

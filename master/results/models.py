@@ -91,6 +91,21 @@ class RegressionStatus(models.TextChoices):
 
 OPEN_STATUSES = (RegressionStatus.NEW, RegressionStatus.ACKNOWLEDGED)
 
+# What people are shown of a regression, in the API and the admin alike.
+REGRESSION_FIELDS = (
+    "test",
+    "entry",
+    "label",
+    "start",
+    "before_s",
+    "after_s",
+    "change_pct",
+    "status",
+    "detected_on",
+    "fixed_on",
+    "run",
+)
+
 
 class Regression(models.Model):
     """A step up of one series' timings that stayed up; `start` is the first slow run's start."""
@@ -135,3 +150,29 @@ class RejectedResult(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} (HQE {self.hqe_id})"
+
+
+class DirtySeries(models.Model):
+    """A series (test, entry, label) that an upload touched and the detector has not read since.
+
+    Written in the upload's transaction, so a stored run is never left unwatched, even when the
+    master dies before the detector runs; several uploads to one series before it runs are one row,
+    so one detection (`marked_on` is the first's time). An upload while a detector reads the series
+    changes `stamp` and frees the claim: the detector deletes the row only if its stamp is the one
+    it claimed. `claimed_until` keeps two detectors off the same series, and lets another take it
+    over when the one that claimed it died."""
+
+    test = models.CharField(max_length=NAME_CHARS)
+    entry = models.CharField(max_length=NAME_CHARS)
+    label = models.CharField(max_length=NAME_CHARS, blank=True, default="")
+    stamp = models.BigIntegerField()
+    marked_on = models.DateTimeField(default=timezone.now)
+    claimed_until = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        app_label = "master"
+        verbose_name_plural = "dirty series"
+        constraints = [models.UniqueConstraint(fields=["test", "entry", "label"], name="dirtyseries_unique_series")]
+
+    def __str__(self) -> str:
+        return f"{self.test} / {self.entry} [{self.label or '-'}]"

@@ -13,6 +13,7 @@ from cli.results import sparkline
 from common.models import HostQueueEntry
 from master import services
 from master.models import AuditRecord, Regression
+from master.results.detection import drain
 from master.results.ingest import store_result_file
 from tests.cli.conftest import fails, ok
 from tests.master.results.factories import hour, stepped, tf_file
@@ -32,6 +33,7 @@ def stored(fleet):
     hqe.host = services.get_hosts(["a1"])[0]
     hqe.save(update_fields=["host"])
     store_result_file(tf_file("t", hour(39), {"e": values[-1]}), "39.json", hqe=hqe, shard=fleet.lab1, acting_user=None)
+    drain()
     return job
 
 

@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import requests
 
 from tests.shard.fleet import master_hqes, new_shard, sql, submit, writable_by_jobs
 from tests.support import ROOT, wait_until
@@ -111,3 +112,31 @@ def test_a_jobs_results_reach_the_master_and_a_malformed_file_is_quarantined(mas
     assert (run_dir / "quarantine" / "broken.json.error").read_text() == f"the master refused it (400): {reason}\n"
     assert list((run_dir / "results").iterdir()) == []
     assert host_id in shard.hosts.values()
+
+
+def test_the_served_masters_detector_raises_a_regression_after_uploads_through_the_endpoint(master_server):
+    """No request detects: the detector thread each `serve` worker runs drains the marked series."""
+    test = f"e2e_step_{uuid.uuid4().hex[:8]}"
+    token = master_server.shell(
+        "from master import services\n"
+        "_, result = services.create_personal_token('detector-e2e', admin=True, acting_user=None)"
+    )
+    session = requests.Session()
+    session.headers["Authorization"] = f"Bearer {token}"
+    for i in range(40):
+        wall = (1.0 if i < 30 else 1.3) * (1 + 0.01 * ((i * 7) % 5 - 2))
+        doc = {
+            "name": test,
+            "startTime": 1_700_000_000 + 3600 * i,
+            "entries": {"entry": [{"name": "e", "wallTime": wall}]},
+        }
+        resp = session.post(f"{master_server.url}/api/v1/results/upload", params={"name": f"{i}.json"}, json=doc)
+        assert resp.status_code == 201, resp.text
+
+    def raised() -> list:
+        return cli(master_server, token, "results", "regressions", "--test", test)
+
+    (reg,) = wait_until(raised, timeout=30, what="the served master's detector to raise the regression")
+    assert (reg["entry"], reg["status"], reg["start"]) == ("e", "new", "2023-11-16T04:13:20Z")
+    marked = f"from master.models import DirtySeries\nresult = DirtySeries.objects.filter(test={test!r}).count()"
+    wait_until(lambda: master_server.shell(marked) == 0, timeout=30, what="its series no longer marked")

@@ -3,10 +3,12 @@
 
 import logging
 import sys
+import threading
 from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
+from django.utils.module_loading import import_string
 from gunicorn.app.base import BaseApplication
 
 from common.schema import check_migrated
@@ -26,6 +28,25 @@ class _Gunicorn(BaseApplication):
 
     def load(self) -> Any:
         return application
+
+
+# The worker's background threads and their stop events (settings.FLEETSHARD_SERVE_BACKGROUND).
+_background: list[tuple[threading.Thread, threading.Event]] = []
+STOP_WAIT_S = 10.0
+
+
+def _start_background(worker: Any) -> None:
+    """Starts the role's background threads in each worker, after the fork: threads do not survive
+    a fork, and a database connection opened before it would be shared by two processes."""
+    for path in settings.FLEETSHARD_SERVE_BACKGROUND:
+        _background.append(import_string(path)())
+
+
+def _stop_background(server: Any, worker: Any) -> None:
+    for _, stop in _background:
+        stop.set()
+    for thread, _ in _background:
+        thread.join(STOP_WAIT_S)
 
 
 class Command(BaseCommand):
@@ -52,5 +73,7 @@ class Command(BaseCommand):
                 "accesslog": "-",
                 "errorlog": "-",
                 "loglevel": "info",
+                "post_worker_init": _start_background,
+                "worker_exit": _stop_background,
             }
         ).run()

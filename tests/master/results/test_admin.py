@@ -8,6 +8,7 @@ from django.test import Client
 
 from common.models import HostQueueEntry
 from master.models import AuditRecord, Regression, RejectedResult, TestRun
+from master.results.detection import drain
 from master.results.formats import ResultFormatError
 from master.results.ingest import record_rejection, store_result_file
 from tests.master.results.factories import hour, stepped, tf_file
@@ -36,6 +37,7 @@ def test_pages_render_runs_with_entries_and_rejected_files(fleet, operator):
 def test_regression_status_actions_and_filter(fleet, operator):
     for i, value in enumerate(stepped(30, 10)):
         store_result_file(tf_file("t", hour(i), {"e": value}), f"{i}.json", acting_user=None)
+    drain()
     reg = Regression.objects.get()
     assert "+3" in operator.get("/admin/master/regression/?status__exact=new").content.decode()
     data = {"action": "mark_acknowledged", ACTION_CHECKBOX_NAME: [str(reg.id)], "index": "0"}

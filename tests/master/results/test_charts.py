@@ -13,6 +13,7 @@ from django.utils.http import urlencode
 from common.models import HostQueueEntry
 from master.models import Regression, TestRun
 from master.results.charts import seconds
+from master.results.detection import drain
 from master.results.ingest import store_result_file
 from tests.master.results.factories import hour, stepped, tf_file
 
@@ -41,6 +42,7 @@ def two_boards(fleet: Any) -> dict[str, Any]:
         )
     for i, value in enumerate(stepped(20, 0)):
         store_result_file(tf_file("nightly", hour(2 * i + 1), {"BM_copy": value}), "b.json", hqe=on_b, acting_user=None)
+    drain()
     return {"a_job": on_a.job_id, "b_job": on_b.job_id}
 
 

@@ -9,6 +9,7 @@ from django.utils import timezone
 from common.models import HostQueueEntry
 from master import services
 from master.models import AuditRecord, Regression, RegressionStatus, TestEntry
+from master.results.detection import drain
 from master.results.ingest import store_result_file
 from tests.master.results.factories import hour, stepped, tf_file
 from tests.support import tokens_just_used
@@ -100,6 +101,7 @@ def test_bad_query_parameters_are_400_naming_them(fleet, staff, url, message):
 def make_regression():
     for i, value in enumerate(stepped(30, 10)):
         store("t", hour(i), {"e": value})
+    drain()
     return Regression.objects.get()
 
 

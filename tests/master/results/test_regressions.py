@@ -1,8 +1,10 @@
-"""Regressions are found after each upload, once, and fixed when the series steps back."""
+"""Regressions are found after uploads (by the detector draining the series they marked), once, and
+fixed when the series steps back."""
 
 import pytest
 
 from master.models import AuditRecord, Regression, TestRun
+from master.results.detection import drain
 from master.results.ingest import store_result_file
 from master.results.regressions import set_regression_status
 from tests.master.results.factories import hour, stepped, tf_file
@@ -11,8 +13,10 @@ pytestmark = pytest.mark.django_db
 
 
 def upload_series(values, test="t", entry="e", offset=0):
+    """Uploads one file per value, then runs the detector as the master's would after them."""
     for i, value in enumerate(values):
         store_result_file(tf_file(test, hour(offset + i), {entry: value}), f"{i}.json", acting_user=None)
+    drain()
 
 
 def test_a_step_up_raises_one_new_regression_at_the_first_slow_run():
@@ -119,15 +123,17 @@ def test_a_bad_status_or_id_is_refused_naming_it():
 
 @pytest.mark.postgres_only
 @pytest.mark.django_db(transaction=True)
-def test_uploads_racing_on_one_series_raise_its_regression_once():
-    """Two files completing the same step, uploaded at once: both stored, one regression."""
+def test_uploads_and_detectors_racing_on_one_series_raise_its_regression_once():
+    """Two files completing the same step, each uploaded then drained at once: both stored, one
+    regression, nothing left marked."""
     import threading
 
     from django.db import connection
 
+    from master.models import DirtySeries
+
     values = stepped(30, 12)
-    for i, value in enumerate(values[:-2]):
-        store_result_file(tf_file("t", hour(i), {"e": value}), f"{i}.json", acting_user=None)
+    upload_series(values[:-2])
     Regression.objects.all().delete()
     barrier = threading.Barrier(2)
     errors = []
@@ -136,6 +142,7 @@ def test_uploads_racing_on_one_series_raise_its_regression_once():
         try:
             barrier.wait()
             store_result_file(tf_file("t", hour(i), {"e": values[i]}), f"{i}.json", acting_user=None)
+            drain()
         except Exception as exc:  # noqa: BLE001 - reported by the assertion below
             errors.append(exc)
         finally:
@@ -148,3 +155,4 @@ def test_uploads_racing_on_one_series_raise_its_regression_once():
         t.join()
     assert errors == [] and TestRun.objects.count() == 42
     assert Regression.objects.count() == 1
+    assert not DirtySeries.objects.exists()

@@ -9,9 +9,10 @@ from django.test import Client
 
 from common.constants import MAX_RESULT_FILE_BYTES
 from master import services
-from master.models import AuditRecord, RejectedResult, TestEntry, TestRun
+from master.models import AuditRecord, DirtySeries, RejectedResult, TestEntry, TestRun
 from tests.master.api.conftest import client_for
 from tests.master.results.test_formats import GB_SAMPLE, TF_SAMPLE
+from tests.support import tokens_just_used
 
 URL = "/api/v1/results/upload"
 
@@ -157,3 +158,26 @@ def test_two_identical_uploads_racing_store_one_run(fleet, staff):
         t.join()
     assert sorted(answers) == [200, 201]
     assert TestRun.objects.count() == 1 and TestEntry.objects.count() == 2
+
+
+def many_entries(n):
+    return {**TF_SAMPLE, "entries": {"entry": [{"name": f"BM_{i}", "iters": 10, "wallTime": 1e-3} for i in range(n)]}}
+
+
+@pytest.mark.parametrize("entries", [1, 300])
+def test_upload_query_counts_are_pinned_whatever_the_number_of_entries(
+    fleet, staff, shard_hqe, django_assert_num_queries, entries
+):
+    doc = many_entries(entries)
+    tokens_just_used()
+    # token; BEGIN, savepoint, run, release; entries; dirty series; audit record and target; COMMIT
+    with django_assert_num_queries(10):
+        assert upload(staff, doc).status_code == 201
+    # the same file again: token; BEGIN, savepoint, run refused, rollback and release, the stored run; COMMIT
+    with django_assert_num_queries(8):
+        assert upload(staff, doc).status_code == 200
+    # a shard's: token, HQE; BEGIN, host labels, savepoint, run, release; entries; dirty series; COMMIT
+    with django_assert_num_queries(10):
+        assert upload(client_for(fleet.token1), {**doc, "startTime": "1700000001"}, hqe=shard_hqe.id).status_code == 201
+    assert TestEntry.objects.count() == 2 * entries
+    assert DirtySeries.objects.count() == 2 * entries  # one series per entry and board label
