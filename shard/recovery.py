@@ -11,13 +11,15 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
+from django.db.models import Q
+
 from common.constants import FailureClass, HostStatus, HQEStatus
 from common.errors import FleetshardError
 from common.models import Host, HostQueueEntry
 from shard.executor import Executor
 from shard.isolation import take_back
 from shard.locks import shard_write
-from shard.models import run_of
+from shard.models import HostState, run_of
 from shard.services import HostTaken, finish_hqe, move_host
 from shard.tracking import proc_stat
 from shard.workspace import run_log_tail
@@ -115,10 +117,17 @@ def recover_abandoned(runner_id: str, executor: Executor) -> list[int]:
 
     taken = []
     busy = (HostStatus.RUNNING, HostStatus.CLEANING, HostStatus.REPAIRING)
-    hosts = Host.objects.filter(status__in=busy).exclude(state__runner=runner_id)
+    # A host with no state (not stored by shard.ingest, or by an old shard process during the upgrade)
+    # matches no claim: it gets one here, held by nobody, or it would be skipped forever.
+    hosts = Host.objects.filter(Q(status__in=busy) | Q(state__isnull=True)).exclude(state__runner=runner_id)
     for host_id, hostname, status, runner in hosts.values_list("id", "hostname", "status", "state__runner"):
-        if runner is None or is_alive(runner):
-            continue  # None: no state yet, so nobody's (shard.ingest gives every host one)
+        if runner is None:
+            HostState.objects.bulk_create([HostState(host_id=host_id)], ignore_conflicts=True)
+            if status not in busy:
+                continue
+            runner = ""
+        if is_alive(runner):
+            continue
         try:
             with shard_write():
                 move_host(host_id, HostStatus.REPAIRING, held_by=runner, holder=runner_id, status=status)

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from common.models import Host, HostQueueEntry
 from shard.locks import shard_write
-from shard.models import OutboxEntry
+from shard.models import HostState, OutboxEntry
 from shard.services import move_host
 from shard.tracking import process_state
 from tests.shard.world import ShardWorld, make_world
@@ -362,3 +362,24 @@ def test_scheduling_and_moving_hosts_cost_pinned_queries(db, tmp_path, request, 
     with django_assert_num_queries(11):
         world.scheduler.hosts.after_job(spare, ok=False)  # no repair command: Repairing, then Ready
     assert (world.host_status(spare), world.host_state(spare).runner) == ("Ready", "")
+
+
+def test_a_host_without_its_state_row_gets_one_at_recovery_rather_than_being_skipped_forever(db, tmp_path, request):
+    """A host with no HostState (written by another path than ingest, or by an old shard process during
+    the upgrade) was matched by no scheduling, lifecycle or recovery query: Ready and never used, or
+    Running and never taken back."""
+    world = make_world(tmp_path, request, recover_every_s=3600)
+    ready = world.host("h1", ("board:a",))
+    left = world.host("h2", ("board:b",))
+    Host.objects.filter(id=left).update(status="Running")
+    HostState.objects.all().delete()
+    job = world.job("true", meta_host="board:a")
+    try:
+        world.scheduler.recover()
+        assert world.host_state(ready).runner == ""
+        assert world.host_status(left) in ("Repairing", "Ready"), "left Running by nobody: taken back"
+        world.scheduler._schedule()
+        assert world.hqe(job).status != "Queued"
+        world.run_until(lambda: world.finished(job), what="the job")
+    finally:
+        world.stop()
