@@ -65,8 +65,16 @@ def _apply_acks(acks: list[Ack]) -> tuple[int, int]:
 
 
 def _remove_hosts(host_ids: list[int]) -> None:
-    """A removed host finishes its running job first: it is retired now and dropped once idle."""
-    HostState.objects.filter(host_id__in=host_ids).update(retired=True)
+    """A removed host finishes its running job first: it is retired now and dropped once idle. One without
+    a state yet gets a retired one: the master says a removal once."""
+    if not host_ids:
+        return
+    HostState.objects.bulk_create(
+        [HostState(host_id=i, retired=True) for i in Host.objects.filter(id__in=host_ids).values_list("id", flat=True)],
+        update_conflicts=True,
+        unique_fields=["host"],
+        update_fields=["retired"],
+    )
 
 
 def drop_idle_retired_hosts() -> int:

@@ -103,6 +103,15 @@ def test_removed_idle_host_is_dropped(db):
     assert list(Host.objects.values_list("id", flat=True)) == [12]
 
 
+def test_a_removed_host_without_its_state_row_is_dropped_not_kept_unretired(db):
+    """The master says a removal once: a host with no HostState yet must not miss it (recovery would
+    later give it a state, not retired, and schedule on a host the master took away)."""
+    apply_wire(response(hosts=[host_wire(), host_wire(13)]))
+    HostState.objects.filter(host_id=13).delete()
+    apply_wire(response(removed_host_ids=[13, 99]))
+    assert list(Host.objects.values_list("id", flat=True)) == [12]
+
+
 def test_removed_busy_host_finishes_its_job_first(db):
     apply_wire(response(hosts=[host_wire()], jobs=[job_wire(hqes=[{"id": 500, "host_id": 12, "meta_host": None}])]))
     transition_hqe(500, "Running", host_id=12)
@@ -237,6 +246,6 @@ def test_the_shards_side_of_the_heartbeat_costs_pinned_queries(db, django_assert
         apply_wire(response(hosts=hosts(range(100, 110))))
     with django_assert_num_queries(90):
         apply_wire(response(hosts=hosts(range(100, 110), version=2)))
-    with django_assert_num_queries(14):
+    with django_assert_num_queries(15):  # the removed hosts' ids are read: one may have no state yet
         apply_wire(response(removed_host_ids=[100, 101]))
     assert sorted(HostState.objects.values_list("host_id", flat=True)) == [1, *range(102, 110)]
