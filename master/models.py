@@ -80,10 +80,12 @@ class Token(models.Model):
 
 # Benchmark results live in their own module; Django finds an app's models here.
 from master.results.models import Regression, RegressionStatus, RejectedResult, TestEntry, TestRun  # noqa: E402
+from master.timeline.models import Interval  # noqa: E402
 
 __all__ = [
     "AuditRecord",
     "AuditTarget",
+    "Interval",
     "Regression",
     "RegressionStatus",
     "RejectedResult",
