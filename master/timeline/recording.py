@@ -35,7 +35,10 @@ def record_runs(hqes: list[dict[str, Any]]) -> int:
     if not runs:
         return 0
     field = Interval._meta.get_field("start")
-    prep = lambda v: None if v is None else field.get_db_prep_value(v, connection)  # noqa: E731
+
+    def prep(value: datetime | None) -> Any:
+        return None if value is None else field.get_db_prep_value(value, connection)
+
     payload = [
         {
             "kind": IntervalKind.RUN.value,
