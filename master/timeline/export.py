@@ -9,6 +9,7 @@ import json
 import zlib
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime, timedelta
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -36,19 +37,10 @@ def trace_chunks(s: Scope) -> Iterator[str]:
     pairs: set[tuple[int | None, int]] = set(rows.order_by().values_list("shard_id", "host_id").distinct())
     counters = _counters(s, {shard for shard, _ in pairs}) if pairs or s.shards else []
     shard_ids = {shard or NO_SHARD for shard, _ in pairs} | {shard for shard, *_ in counters}
-    yield '{"traceEvents":['
-    first = True
-    for event in _metadata(shard_ids, pairs):
-        yield ("" if first else ",") + event
-        first = False
-    buffer: list[str] = []
-    size = 0
-    for event in _counter_events(counters):
-        buffer.append(("" if first else ",") + event)
-        first = False
-    for event in _slices(rows):
-        piece = ("" if first else ",\n") + event
-        first = False
+    events = chain(_metadata(shard_ids, pairs), _counter_events(counters), _slices(rows))
+    buffer, size = ['{"traceEvents":['], 0
+    for n, event in enumerate(events):
+        piece = event if n == 0 else ",\n" + event
         buffer.append(piece)
         size += len(piece)
         if size >= FLUSH_CHARS:
