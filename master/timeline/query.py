@@ -95,6 +95,11 @@ class Seconds(Func):
         return self.as_sql(compiler, connection, template="EXTRACT(EPOCH FROM (%(expressions)s))", arg_joiner=" - ")
 
     def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
-        return self.as_sql(
-            compiler, connection, template="((julianday(%(expressions)s)) * 86400.0)", arg_joiner=") - julianday("
-        )
+        # julianday() keeps only ~10 us around today's date; whole seconds plus the stored fraction
+        # (Django writes "YYYY-MM-DD HH:MM:SS[.ffffff]" in UTC) keep every microsecond.
+        parts, params = [], []
+        for expression in self.get_source_expressions():
+            sql, p = compiler.compile(expression)
+            parts.append(f"(CAST(strftime('%%s', {sql}) AS INTEGER) + CAST(substr({sql}, 20) AS REAL))")
+            params += [*p, *p]
+        return f"({parts[0]} - {parts[1]})", params
