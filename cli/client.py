@@ -134,6 +134,36 @@ class Api:
             status,
         )
 
+    def download(self, path: str, target: Any, params: dict[str, Any]) -> int:
+        """Streams a GET's body into the binary file `target` as it arrives; returns the bytes written.
+        Long answers (a timeline export) may take minutes: only the wait for each piece is bounded."""
+        self.require_token()
+        url = f"{self.server}{API_PREFIX}{path}"
+        try:
+            resp = self.session.get(
+                url,
+                params=params,
+                headers={"Authorization": f"Bearer {self.token}"},
+                timeout=(5, self.timeout),
+                stream=True,
+            )
+            if not resp.ok:
+                self._result(resp)
+            written = 0
+            for piece in resp.iter_content(1 << 16):
+                target.write(piece)
+                written += len(piece)
+            return written
+        except (requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema, requests.exceptions.InvalidURL):
+            raise CliError(f"invalid server URL {self.server!r}: use http://HOST:PORT") from None
+        except requests.exceptions.Timeout:
+            raise CliError(f"the fleetshard server at {self.server} did not answer within {self.timeout:g} s") from None
+        except requests.exceptions.ConnectionError:
+            raise CliError(
+                f"cannot reach the fleetshard server at {self.server} (or it broke off the answer): "
+                "is it running? set --server or FLEETSHARD_SERVER"
+            ) from None
+
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params={k: v for k, v in params.items() if v is not None})
 

@@ -6,7 +6,7 @@ Each topic's actions live in their own module (cli/labels.py, cli/hosts.py, ...)
 
 import click
 
-from cli import audit, hosts, jobs, labels, results, shards
+from cli import audit, hosts, jobs, labels, results, shards, timeline
 from cli.client import DEFAULT_SERVER
 from common.constants import CLIENT_VERSION
 
@@ -23,10 +23,10 @@ from common.constants import CLIENT_VERSION
 @click.option("--token", envvar="FLEETSHARD_TOKEN", metavar="TOKEN", help="Your API token [env FLEETSHARD_TOKEN].")
 @click.version_option(CLIENT_VERSION, prog_name="fleetshard")
 def main(server: str, token: str | None) -> None:
-    """Drive a fleetshard master: labels, hosts, shards, jobs, the audit trail and benchmark results."""
+    """Drive a fleetshard master: labels, hosts, shards, jobs, the audit trail, benchmark results and timelines."""
 
 
-for topic in (labels.label, hosts.host, shards.shard, jobs.job, audit.audit, results.results):
+for topic in (labels.label, hosts.host, shards.shard, jobs.job, audit.audit, results.results, timeline.timeline):
     main.add_command(topic)
 
 

@@ -36,6 +36,7 @@ from common.wire import (
     RejectedUpdate,
     Update,
 )
+from master.timeline.recording import close_open_runs, record_runs
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +132,7 @@ def _apply_updates(shard: Shard, updates: list[Update | RejectedUpdate], host_id
         except UpdateRejected as exc:
             acks.append(Ack(update.seq, "rejected", str(exc)))
     bulk_set(HostQueueEntry, [hqes[i] for i in changed], HQE_FIELDS)
+    record_runs([hqes[i] for i in changed])
     refresh_job_statuses({hqes[i]["job_id"] for i in changed})
     return acks, applied
 
@@ -171,6 +173,7 @@ def _adopt(shard: Shard, instance: str, now: datetime) -> None:
     # (a copy could hold an HQE still queued that ran meanwhile; the resent job says it ended).
     HostQueueEntry.objects.filter(job__shard=shard).update(last_seq=0)
     refresh_job_statuses(job_ids)
+    close_open_runs(shard, now)
     Job.objects.filter(shard=shard, status__in=JobStatus.ACTIVE).update(version=F("version") + 1)
     Host.objects.filter(shard=shard).update(version=F("version") + 1)
     log.warning(

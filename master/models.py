@@ -87,11 +87,13 @@ from master.results.models import (  # noqa: E402
     TestEntry,
     TestRun,
 )
+from master.timeline.models import Interval  # noqa: E402
 
 __all__ = [
     "AuditRecord",
     "AuditTarget",
     "DirtySeries",
+    "Interval",
     "Regression",
     "RegressionStatus",
     "RejectedResult",

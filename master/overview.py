@@ -21,6 +21,7 @@ from django.utils.safestring import SafeString
 from common.admin_ui import age, badge, color_of
 from common.constants import HostStatus, JobStatus
 from common.models import Host, Job, Label, Shard, offline_after_s
+from master.timeline.stats import utilisation_by_shard
 
 FAILED_WINDOW = timedelta(hours=24)
 
@@ -96,10 +97,12 @@ class Snapshot:
     labels: list[Label]
     unassigned_hosts: int
     unassigned_ready: int
+    utilisation: list[dict[str, Any]]  # per shard over the last 24 hours (master.timeline.stats)
 
 
 def fleet_snapshot(now: datetime | None = None) -> Snapshot:
-    """Three queries whatever the fleet's size: shards, labels, hosts without a shard."""
+    """Six queries whatever the fleet's size: shards, labels, hosts without a shard, and the three of
+    the shards' utilisation."""
     now = now or timezone.now()
     shards = list(annotate_shards(Shard.objects.all(), now).order_by("hostname"))
     labels = list(annotate_labels(Label.objects.select_related("shard")).order_by("name"))
@@ -107,7 +110,7 @@ def fleet_snapshot(now: datetime | None = None) -> Snapshot:
         total=Count("pk"), ready=Count("pk", filter=Q(status=HostStatus.READY, locked=False))
     )
     cards = [ShardCard(s, s.is_online(now), age(s.last_heartbeat, now), host_badges(s)) for s in shards]
-    return Snapshot(now, cards, labels, unassigned["total"], unassigned["ready"])
+    return Snapshot(now, cards, labels, unassigned["total"], unassigned["ready"], utilisation_by_shard(now))
 
 
 def fleet_overview(request: HttpRequest) -> HttpResponse:

@@ -6,6 +6,8 @@ from django.contrib import admin
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from common.admin_ui import HQEInlineBase, JobColumns, pre
@@ -65,6 +67,7 @@ class JobAdmin(JobColumns, ServiceAdmin):
         "aborted",
         "version",
         "created_on",
+        "timeline",
     ]
     fields = tuple(readonly_fields)
     inlines = [HQEInline]
@@ -73,6 +76,13 @@ class JobAdmin(JobColumns, ServiceAdmin):
     @admin.display(description="command")
     def command_shown(self, obj: Job) -> SafeString:
         return pre(obj.command)
+
+    @admin.display(description="timeline")
+    def timeline(self, obj: Job) -> SafeString:
+        url = f"{reverse('timeline-export')}?job={obj.id}&gzip=true"
+        return format_html(
+            '<a id="fs-timeline-download" href="{}">Download its runs as a trace</a> (Chrome trace)', url
+        )
 
     @admin.display(description="dependency labels")
     def dependency_label_list(self, obj: Job) -> str:

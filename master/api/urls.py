@@ -4,7 +4,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import SimpleRouter
 
-from master.api import results, views
+from master.api import results, timeline, views
 
 router = SimpleRouter()
 router.register("labels", views.LabelViewSet, basename="label")
@@ -23,5 +23,7 @@ urlpatterns = [
     path("auth/", include("rest_framework.urls")),
     path("results/upload", results.ResultUploadView.as_view(), name="results-upload"),
     path("results/quarantined", results.ResultQuarantinedView.as_view(), name="results-quarantined"),
+    path("timeline/export", timeline.TimelineExportView.as_view(), name="timeline-export"),
+    path("timeline/stats", timeline.TimelineStatsView.as_view(), name="timeline-stats"),
     path("", include(router.urls)),
 ]

@@ -24,8 +24,11 @@ class CheckedClient(APIClient):
 
     def request(self, **kwargs: Any) -> Any:
         response = super().request(**kwargs)
-        if response.get("Content-Type", "").startswith("application/json") and response.wsgi_request.path.startswith(
-            "/api/v1/"
+        # A streamed body (the timeline export) is read by the test itself, once.
+        if (
+            response.get("Content-Type", "").startswith("application/json")
+            and response.wsgi_request.path.startswith("/api/v1/")
+            and not response.streaming
         ):
             openapi().validate_response(DjangoOpenAPIRequest(response.wsgi_request), DjangoOpenAPIResponse(response))
         return response

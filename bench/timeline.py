@@ -1,0 +1,136 @@
+"""Timeline export at scale: N intervals (default 1,000,000) generated in the database, exported to a
+gzipped Chrome trace by a child process; prints the time, the file's size and the child's peak memory
+(ru_maxrss, and before the export started), then checks the file with the streaming validator.
+
+Run: `DATABASE_URL=postgres://.../THROWAWAY .venv/bin/python bench/timeline.py [--intervals N]`.
+PostgreSQL only (the rows are made with generate_series); the database is migrated and filled.
+Targets (issue 12): at most 10 s, 10 MB gzipped, 150 MB peak memory.
+"""
+
+import argparse
+import gzip
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ["FLEETSHARD_ROLE"] = "master"
+os.environ.setdefault("FLEETSHARD_DATA_DIR", tempfile.mkdtemp(prefix="fleetshard-bench-"))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "common.settings")
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.core.management import call_command  # noqa: E402
+from django.db import connection  # noqa: E402
+from django.utils import timezone  # noqa: E402
+
+from common.models import Host  # noqa: E402
+from master import services  # noqa: E402
+from master.timeline.export import write_trace  # noqa: E402
+from master.timeline.query import scope  # noqa: E402
+from master.timeline.validate import Validator, iter_events  # noqa: E402
+
+SHARDS, HOSTS_PER_SHARD, SLOT_S = 4, 50, 600
+
+FILL = """
+WITH h AS (SELECT id, shard_id, row_number() OVER (ORDER BY id) - 1 AS i FROM common_host WHERE hostname LIKE 'tl-%%'),
+g AS (SELECT n, (n - 1) / %(hosts)s AS slot, (n - 1) %% %(hosts)s AS hi FROM generate_series(1, %(runs)s) AS n),
+r AS (
+  SELECT g.n, h.id AS host_id, h.shard_id,
+         %(t0)s::timestamptz + make_interval(secs => g.slot * %(slot)s + 10) AS started,
+         %(t0)s::timestamptz + make_interval(secs => g.slot * %(slot)s + 10 + 120 + (g.n * 37) %% 300) AS finished,
+         %(t0)s::timestamptz + make_interval(secs => g.slot * %(slot)s + 10 - (g.n * 13) %% 600) AS created
+  FROM g JOIN h ON h.i = g.hi
+), jobs AS (
+  INSERT INTO common_job (id, name, owner, priority, command, timeout_mins, max_runtime_mins, keyvals, aborted,
+                          shard_id, version, created_on, status, suite_keyvals)
+  SELECT n, 'bench-' || (n %% 500), 'owner' || (n %% 7), 50, 'true', 30, 60, '{}', false, shard_id, 1, created,
+         CASE WHEN n %% 10 = 0 THEN 'Failed' ELSE 'Completed' END, '{}' FROM r
+), hqes AS (
+  INSERT INTO common_hostqueueentry (id, job_id, host_id, status, failure, exit_code, started_on, finished_on,
+                                     log_tail, last_seq, results_dir, runner)
+  SELECT n, n, host_id, CASE WHEN n %% 10 = 0 THEN 'Failed' ELSE 'Completed' END,
+         CASE WHEN n %% 10 = 0 THEN 'test' ELSE '' END, CASE WHEN n %% 10 = 0 THEN 1 ELSE 0 END,
+         started, finished, '', 1, '', '' FROM r
+), runs AS (
+  INSERT INTO master_interval (kind, host_id, shard_id, job_id, hqe_id, start, "end")
+  SELECT 'run', host_id, shard_id, n, n, started, finished FROM r
+)
+INSERT INTO master_interval (kind, host_id, shard_id, job_id, hqe_id, start, "end")
+SELECT CASE WHEN n %% 5 = 0 THEN 'Repairing' ELSE 'Cleaning' END, host_id, shard_id, NULL, NULL, finished,
+       finished + make_interval(secs => CASE WHEN n %% 5 = 0 THEN 90 ELSE 30 END) FROM r
+"""
+
+
+def fill(intervals: int) -> None:
+    call_command("migrate", verbosity=0)
+    if Host.objects.filter(hostname__startswith="tl-").exists():
+        print("reusing the bench fleet already in the database")
+        return
+    for s in range(SHARDS):
+        label = f"board:tl{s}"
+        services.create_labels([label], acting_user=None)
+        services.create_shard(f"tl-shard{s}", [label], acting_user=None)
+        services.create_hosts([f"tl-{s}-{h:02d}" for h in range(HOSTS_PER_SHARD)], labels=[label], acting_user=None)
+    hosts = SHARDS * HOSTS_PER_SHARD
+    runs = intervals // 2
+    t0 = timezone.now() - timezone.timedelta(seconds=(runs // hosts + 1) * SLOT_S)
+    with connection.cursor() as cursor:
+        cursor.execute(FILL, {"hosts": hosts, "runs": runs, "t0": t0, "slot": SLOT_S})
+        for table in ("common_job", "common_hostqueueentry"):
+            cursor.execute(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), (SELECT MAX(id) FROM {table}))")
+        cursor.execute("ANALYZE")
+
+
+def child(path: str) -> None:
+    """The export alone, in a fresh process, so its peak memory is its own."""
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.perf_counter()
+    size = write_trace(scope(timezone.now()), Path(path))
+    elapsed = time.perf_counter() - started
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"seconds": elapsed, "bytes": size, "rss_before_kb": before, "rss_peak_kb": peak}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--intervals", type=int, default=1_000_000)
+    parser.add_argument("--child", metavar="FILE", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(args.child)
+    if connection.vendor != "postgresql":
+        sys.exit("bench/timeline.py needs DATABASE_URL=postgres://... (a throwaway database)")
+    started = time.perf_counter()
+    fill(args.intervals)
+    print(f"generated {args.intervals} intervals in {time.perf_counter() - started:.1f} s")
+    out = Path(tempfile.mkdtemp(prefix="fleetshard-timeline-")) / "fleet.json.gz"
+    done = subprocess.run([sys.executable, __file__, "--child", str(out)], capture_output=True, text=True, check=True)
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    print(
+        f"export: {figures['seconds']:.1f} s, {figures['bytes'] / 1e6:.2f} MB gzipped, peak RSS "
+        f"{figures['rss_peak_kb'] / 1024:.0f} MB (of which {figures['rss_before_kb'] / 1024:.0f} MB before the export)"
+    )
+    started = time.perf_counter()
+    validator = Validator()
+    with gzip.open(out, "rt", encoding="utf-8") as stream:
+        for event in iter_events(stream):
+            validator.feed(event)
+    summary = validator.finish()
+    print(
+        f"valid: {summary.slices} slices on {summary.threads} threads, {summary.counters} counter events "
+        f"(checked in {time.perf_counter() - started:.1f} s)"
+    )
+    targets = figures["seconds"] <= 10 and figures["bytes"] <= 10e6 and figures["rss_peak_kb"] <= 150 * 1024
+    print("targets (<= 10 s, <= 10 MB, <= 150 MB):", "met" if targets else "MISSED")
+
+
+if __name__ == "__main__":
+    main()

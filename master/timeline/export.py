@@ -1,0 +1,253 @@
+"""The Chrome Trace Event export (DESIGN.md, "Timelines"), written as it is read from the database.
+
+Rows come from a server-side cursor in chunks and leave as text chunks, so a trace of millions of
+intervals needs the memory of one chunk, not of the trace. Times are microseconds since the epoch.
+"""
+
+import gzip
+import json
+import zlib
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime, timedelta
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import BigIntegerField, F, Func
+
+from common.models import Host, Shard
+from master.timeline.query import Scope, selected
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+ONE_US = timedelta(microseconds=1)
+CHUNK_ROWS = 5000
+FLUSH_CHARS = 1 << 16
+COUNTER_BUCKETS = 1000  # per shard: the counters' resolution, whatever the window's length
+NO_SHARD = 0  # the pid of intervals whose shard was deleted
+
+
+def us(when: datetime) -> int:
+    return (when - EPOCH) // ONE_US
+
+
+def trace_chunks(s: Scope) -> Iterator[str]:
+    """The trace as text, chunk by chunk; joined, one JSON object."""
+    rows = selected(s).order_by()
+    pairs: set[tuple[int | None, int]] = set(rows.order_by().values_list("shard_id", "host_id").distinct())
+    counters = _counters(s, {shard for shard, _ in pairs}) if pairs or s.shards else []
+    shard_ids = {shard or NO_SHARD for shard, _ in pairs} | {shard for shard, *_ in counters}
+    events = chain(_metadata(shard_ids, pairs), _counter_events(counters), _slices(rows))
+    buffer, size = ['{"traceEvents":['], 0
+    for n, event in enumerate(events):
+        piece = event if n == 0 else ",\n" + event
+        buffer.append(piece)
+        size += len(piece)
+        if size >= FLUSH_CHARS:
+            yield "".join(buffer)
+            buffer, size = [], 0
+    buffer.append('],"displayTimeUnit":"ms"}\n')
+    yield "".join(buffer)
+
+
+def _metadata(shard_ids: set[int], pairs: set[tuple[int | None, int]]) -> Iterator[str]:
+    shards = dict(Shard.objects.filter(id__in=shard_ids).values_list("id", "hostname"))
+    hosts = dict(Host.objects.filter(id__in={h for _, h in pairs}).values_list("id", "hostname"))
+    for rank, pid in enumerate(sorted(shard_ids, key=lambda i: (i == NO_SHARD, shards.get(i, ""), i))):
+        name = json.dumps(shards.get(pid, "(no shard)" if pid == NO_SHARD else f"shard {pid}"))
+        yield f'{{"name":"process_name","ph":"M","pid":{pid},"tid":0,"args":{{"name":{name}}}}}'
+        yield f'{{"name":"process_sort_index","ph":"M","pid":{pid},"tid":0,"args":{{"sort_index":{rank}}}}}'
+    threads = sorted(pairs, key=lambda p: (hosts.get(p[1], ""), p[1]))
+    for rank, (shard, host) in enumerate(threads):
+        pid = shard or NO_SHARD
+        name = json.dumps(hosts.get(host, f"host {host}"))
+        yield f'{{"name":"thread_name","ph":"M","pid":{pid},"tid":{host},"args":{{"name":{name}}}}}'
+        yield f'{{"name":"thread_sort_index","ph":"M","pid":{pid},"tid":{host},"args":{{"sort_index":{rank}}}}}'
+
+
+def _quoted(sql: str) -> str:
+    """A JSON string literal of a text column, made by the database."""
+    return f"to_json(({sql})::text)::text" if connection.vendor == "postgresql" else f"json_quote({sql})"
+
+
+def _text(sql: str) -> str:
+    return f"COALESCE(CAST({sql} AS TEXT), 'null')"
+
+
+def _slices(rows: Any) -> Iterator[str]:
+    """Each slice's JSON text, written by the database: formatting a million rows in Python would
+    take longer than reading them."""
+    inner = rows.order_by().values(
+        k=F("kind"),
+        p=F("shard_id"),
+        t=F("host_id"),
+        j=F("job_id"),
+        q=F("hqe_id"),
+        ts=Micros(F("clip_start")),
+        te=Micros(F("clip_end")),
+        nm=F("job__name"),
+        ow=F("job__owner"),
+        st=F("hqe__status"),
+        fl=F("hqe__failure"),
+        ec=F("hqe__exit_code"),
+    )
+    sql, params = inner.query.sql_with_params()
+    common = (
+        f"""',"ph":"X","pid":' || COALESCE(p, {NO_SHARD}) || ',"tid":' || t || ',"ts":' || ts || ',"dur":' || """
+        "(CASE WHEN te > ts THEN te - ts ELSE 0 END)"
+    )
+    line = (
+        f"""CASE WHEN k = 'run' THEN '{{"name":' || {_quoted("COALESCE(nm, 'job ' || j)")} || ',"cat":"run"' || """
+        f"""{common} || ',"args":{{"job":' || {_text("j")} || ',"hqe":' || {_text("q")} || """
+        f"""',"owner":' || {_quoted("COALESCE(ow, '')")} || ',"status":' || {_quoted("COALESCE(st, '')")} || """
+        f"""',"failure":' || {_quoted("COALESCE(fl, '')")} || ',"exit_code":' || {_text("ec")} || '}}}}' """
+        f"""ELSE '{{"name":' || {_quoted("k")} || ',"cat":"host"' || {common} || '}}' END"""
+    )
+    # In a transaction, PostgreSQL streams a server-side cursor; outside one (WITH HOLD) it would
+    # first store the whole result. Unsorted: viewers sort, and sorting a million rows doubled the time.
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as setup:
+                setup.execute("SET LOCAL jit = off")  # compiling costs more than it saves on one scan
+        cursor = connection.chunked_cursor()
+        try:
+            cursor.execute(f"SELECT {line} FROM ({sql}) AS i", params)
+            while batch := cursor.fetchmany(CHUNK_ROWS):
+                for (text,) in batch:
+                    yield text
+        finally:
+            cursor.close()
+
+
+class Micros(Func):
+    """A time as integer microseconds since the epoch."""
+
+    output_field = BigIntegerField()
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        return self.as_sql(
+            compiler, connection, template="round(date_part('epoch', %(expressions)s) * 1000000)::bigint"
+        )
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        sql, params = compiler.compile(self.get_source_expressions()[0])
+        return (
+            f"(CAST(strftime('%%s', {sql}) AS INTEGER) * 1000000 "
+            f"+ CAST(ROUND(CAST(substr({sql}, 20) AS REAL) * 1000000) AS INTEGER))"
+        ), [*params, *params]
+
+
+def _epoch_sql(column: str) -> str:
+    if connection.vendor == "postgresql":
+        return f"date_part('epoch', {column})"
+    return f"((julianday({column}) - 2440587.5) * 86400.0)"
+
+
+def _in(values: tuple[Any, ...]) -> str:
+    return "(" + ", ".join(["%s"] * len(values)) + ")"
+
+
+def _counters(s: Scope, shard_ids: set[int | None]) -> list[tuple[int, datetime, int, int]]:
+    """Per shard and time bucket: when its last change happened and the changes of its queued and
+    running HQEs. Bucketed in the database, so a long window costs at most COUNTER_BUCKETS events."""
+    qn = connection.ops.quote_name
+    hqe, job = qn("common_hostqueueentry"), qn("common_job")
+    where = [f"{job}.{qn('shard_id')} IS NOT NULL"]
+    params: list[Any] = []
+    if s.shards:
+        where.append(
+            f"{job}.{qn('shard_id')} IN (SELECT id FROM {qn('common_shard')} WHERE hostname IN {_in(s.shards)})"
+        )
+        params.extend(s.shards)
+    elif shard_ids:
+        ids = tuple(i for i in shard_ids if i is not None) or (0,)
+        where.append(f"{job}.{qn('shard_id')} IN {_in(ids)}")
+        params.extend(ids)
+    if s.jobs:
+        where.append(f"{job}.id IN {_in(s.jobs)}")
+        params.extend(s.jobs)
+    base = f"FROM {hqe} JOIN {job} ON {job}.id = {hqe}.{qn('job_id')} WHERE " + " AND ".join(where)
+    shard = f"{job}.{qn('shard_id')}"
+    started, finished, created = (
+        f"{hqe}.{qn('started_on')}",
+        f"{hqe}.{qn('finished_on')}",
+        f"{job}.{qn('created_on')}",
+    )
+    # One scan: each HQE gives three changes (created, started, finished), paired with a constant table.
+    kinds = "(SELECT 0 AS k UNION ALL SELECT 1 UNION ALL SELECT 2) AS kinds"
+    changes = (
+        f"SELECT {shard} AS s, CASE k WHEN 0 THEN {created} WHEN 1 THEN {started} ELSE {finished} END AS t, "
+        f"CASE k WHEN 0 THEN 1 WHEN 1 THEN -1 WHEN 2 THEN (CASE WHEN {started} IS NULL THEN -1 ELSE 0 END) END AS dq, "
+        f"CASE k WHEN 0 THEN 0 WHEN 1 THEN 1 WHEN 2 THEN (CASE WHEN {started} IS NULL THEN 0 ELSE -1 END) END AS dr "
+        f"{base.replace(' WHERE ', f' CROSS JOIN {kinds} WHERE ', 1)}"
+    )
+    origin = s.since
+    if origin is None:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT MIN({created}) {base}", params)
+            found = cursor.fetchone()[0]
+        if found is None:
+            return []
+        origin = found if isinstance(found, datetime) else _parse(found)
+    width = max((s.end - origin).total_seconds() / COUNTER_BUCKETS, 1e-3)
+    since_param = _db_time(origin)
+    bucket = (
+        f"CASE WHEN t < %s THEN -1 ELSE CAST(FLOOR(({_epoch_sql('t')} - {_epoch_sql('%s')}) / %s) AS BIGINT) END"
+        if connection.vendor == "postgresql"
+        else f"CASE WHEN t < %s THEN -1 ELSE CAST(({_epoch_sql('t')} - {_epoch_sql('%s')}) / %s AS INTEGER) END"
+    )
+    sql = (
+        f"SELECT s, b, MAX(t), SUM(dq), SUM(dr) FROM (SELECT s, t, dq, dr, {bucket} AS b FROM ({changes}) AS c "
+        f"WHERE t IS NOT NULL AND t < %s) AS d GROUP BY s, b ORDER BY s, b"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [since_param, since_param, width, *params, _db_time(s.end)])
+        rows = cursor.fetchall()
+    # Changes before the window only set where the counts start: shown at the window's start.
+    return [
+        (shard_id, origin if b < 0 else t if isinstance(t, datetime) else _parse(t), int(dq), int(dr))
+        for shard_id, b, t, dq, dr in rows
+    ]
+
+
+def _db_time(when: datetime) -> Any:
+    return connection.ops.adapt_datetimefield_value(when)
+
+
+def _parse(value: str) -> datetime:
+    parsed = datetime.fromisoformat(value)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _counter_events(counters: list[tuple[int, datetime, int, int]]) -> Iterator[str]:
+    shard, queued, running = None, 0, 0
+    for shard_id, t, dq, dr in counters:
+        if shard_id != shard:
+            shard, queued, running = shard_id, 0, 0
+        queued, running = queued + dq, running + dr
+        yield (
+            f'{{"name":"HQEs","ph":"C","pid":{shard_id},"tid":0,"ts":{us(t)},'
+            f'"args":{{"queued":{max(0, queued)},"running":{max(0, running)}}}}}'
+        )
+
+
+def write_trace(s: Scope, path: Path) -> int:
+    """Writes the trace to `path` (gzipped when it ends .gz); returns the bytes written."""
+    with (
+        gzip.open(path, "wt", encoding="utf-8", compresslevel=6)
+        if path.name.endswith(".gz")
+        else open(path, "w", encoding="utf-8")
+    ) as out:
+        for chunk in trace_chunks(s):
+            out.write(chunk)
+    return path.stat().st_size
+
+
+def gzipped(chunks: Iterable[str]) -> Iterator[bytes]:
+    """A gzip stream of `chunks`, compressed as they come."""
+    packer = zlib.compressobj(6, zlib.DEFLATED, 31)
+    for chunk in chunks:
+        data = packer.compress(chunk.encode())
+        if data:
+            yield data
+    yield packer.flush()

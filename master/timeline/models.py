@@ -1,0 +1,69 @@
+"""The master's intervals: one row per stretch of a host's time that was not idle (idle is the gap).
+
+A run is recorded from the HQE updates the heartbeat applies (its started_on/finished_on); Cleaning,
+Repairing and Repair Failed come from host status changes (`recording.record_host_status`). One
+host's intervals never partially overlap, so a trace viewer nests them and totals add up. Defined
+here, registered through master.models.
+"""
+
+from django.db import models
+from django.db.models import Q
+
+from common.constants import HostStatus
+from common.models import Host, HostQueueEntry, Job, Shard
+
+
+class IntervalKind(models.TextChoices):
+    RUN = "run"
+    CLEANING = HostStatus.CLEANING.value
+    REPAIRING = HostStatus.REPAIRING.value
+    REPAIR_FAILED = HostStatus.REPAIR_FAILED.value
+
+
+# The host statuses that are intervals of their own; Ready is the gap and Running is a run.
+STATUS_KINDS: tuple[str, ...] = (IntervalKind.CLEANING, IntervalKind.REPAIRING, IntervalKind.REPAIR_FAILED)
+
+
+class Interval(models.Model):
+    kind = models.CharField(max_length=16, choices=IntervalKind.choices)
+    # No database constraints: a host, job or HQE deleted later keeps its history (ids stay).
+    host = models.ForeignKey(Host, on_delete=models.DO_NOTHING, related_name="intervals", db_constraint=False)
+    shard = models.ForeignKey(
+        Shard, null=True, blank=True, on_delete=models.SET_NULL, related_name="intervals", db_constraint=False
+    )
+    job = models.ForeignKey(
+        Job, null=True, blank=True, on_delete=models.DO_NOTHING, related_name="intervals", db_constraint=False
+    )
+    # Unique: the run of an HQE is recorded once, however often its update is resent.
+    hqe = models.OneToOneField(
+        HostQueueEntry,
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        related_name="interval",
+        db_constraint=False,
+    )
+    start = models.DateTimeField()
+    end = models.DateTimeField(null=True, blank=True, help_text="Null while the interval is open.")
+
+    class Meta:
+        app_label = "master"
+        ordering = ["start", "id"]
+        indexes = [
+            models.Index(fields=["shard", "start"], name="interval_shard_start_idx"),
+            models.Index(fields=["host", "start"], name="interval_host_start_idx"),
+            models.Index(fields=["job"], name="interval_job_idx"),
+            models.Index(fields=["start"], name="interval_start_idx"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(end__isnull=True) | Q(end__gte=models.F("start")), name="interval_ordered"
+            ),
+            models.CheckConstraint(
+                condition=Q(kind="run", hqe__isnull=False) | (~Q(kind="run") & Q(hqe__isnull=True)),
+                name="interval_run_has_hqe",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} on host {self.host_id} from {self.start:%Y-%m-%d %H:%M:%S}"

@@ -1,0 +1,139 @@
+"""How intervals are written: runs from the HQE updates the heartbeat applies, host states from
+`record_host_status` (which the shard's host status reports will call, docs/protocol.md).
+
+Both are idempotent: an update or report seen twice leaves the intervals as they were.
+"""
+
+import json
+from datetime import datetime
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import F, Q, Value
+from django.db.models.functions import Greatest
+
+from common.bulk import _json_default
+from common.constants import HostStatus
+from common.errors import FleetshardError, NotFound
+from common.models import Host, Shard
+from master.timeline.models import STATUS_KINDS, Interval, IntervalKind
+
+_RUN_COLUMNS = ("kind", "host_id", "shard_id", "job_id", "hqe_id", "start", "end")
+
+
+def record_runs(hqes: list[dict[str, Any]]) -> int:
+    """Opens or closes the run of each HQE that has started, in one statement whatever their number.
+
+    `hqes` are the heartbeat's rows as applied (id, job_id, host, shard_id, started_on, finished_on).
+    An upsert on the HQE makes a resent update, or one applied after its original, change nothing."""
+    runs = []
+    for hqe in hqes:
+        start, end = hqe["started_on"], hqe["finished_on"]
+        if start is None or hqe["host"] is None:
+            continue
+        runs.append((hqe, start, None if end is None else max(start, end)))
+    if not runs:
+        return 0
+    field = Interval._meta.get_field("start")
+
+    def prep(value: datetime | None) -> Any:
+        return None if value is None else field.get_db_prep_value(value, connection)
+
+    payload = [
+        {
+            "kind": IntervalKind.RUN.value,
+            "host_id": hqe["host"],
+            "shard_id": hqe["shard_id"],
+            "job_id": hqe["job_id"],
+            "hqe_id": hqe["id"],
+            "start": prep(start),
+            "end": prep(end),
+        }
+        for hqe, start, end in runs
+    ]
+    qn = connection.ops.quote_name
+    table = qn(Interval._meta.db_table)
+    columns = ", ".join(qn(c) for c in _RUN_COLUMNS)
+    picked = ", ".join(f"v.{qn(c)}" for c in _RUN_COLUMNS)
+    conflict = f"ON CONFLICT ({qn('hqe_id')}) DO UPDATE SET " + ", ".join(
+        f"{qn(c)} = excluded.{qn(c)}" for c in ("host_id", "start", "end")
+    )
+    if connection.vendor == "postgresql":
+        record = ", ".join(
+            f"{qn(c)} {'timestamptz' if c in ('start', 'end') else 'text' if c == 'kind' else 'bigint'}"
+            for c in _RUN_COLUMNS
+        )
+        source = f"jsonb_to_recordset(%s::jsonb) AS v({record})"
+    elif connection.vendor == "sqlite":
+        picks = ", ".join(f"value ->> '$.{c}' AS {qn(c)}" for c in _RUN_COLUMNS)
+        source = f"(SELECT {picks} FROM json_each(%s)) AS v"
+    else:  # pragma: no cover - only the two supported databases
+        raise NotImplementedError(connection.vendor)
+    # "WHERE true": SQLite's grammar needs it between an INSERT's SELECT and its ON CONFLICT.
+    sql = f"INSERT INTO {table} ({columns}) SELECT {picked} FROM {source} WHERE true {conflict}"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [json.dumps(payload, default=_json_default)])
+    return len(runs)
+
+
+def close_open_runs(shard: Shard, at: datetime) -> int:
+    """Ends the open runs of a shard whose database was replaced: their HQEs failed at `at`."""
+    return Interval.objects.filter(shard=shard, kind=IntervalKind.RUN, end__isnull=True).update(
+        end=Greatest(F("start"), Value(at))
+    )
+
+
+@transaction.atomic
+def record_host_status(host: Host | int, status: str, at: datetime, *, shard: Shard | int | None) -> Interval | None:
+    """A host's status became `status` at `at`: Cleaning, Repairing and Repair Failed open an interval,
+    Ready and Running end the one open then. Returns the interval opened (or already there).
+
+    Reports may come twice or out of time order: the host's status from `at` until the next thing
+    known about the host becomes `status`, so a duplicate changes nothing and no two intervals of a
+    host ever partially overlap. A status reported while a run holds the host starts when the run
+    ends (and is dropped while that run is still open: its end comes with the HQE's update)."""
+    if status not in HostStatus.ALL:
+        raise FleetshardError(f"unknown host status {status!r}: use one of {', '.join(HostStatus.ALL)}", field="status")
+    if at.tzinfo is None:
+        raise FleetshardError("the time of a host status change needs a time zone", field="at")
+    host_id = host if isinstance(host, int) else host.id
+    shard_id = shard if isinstance(shard, int) or shard is None else shard.id
+    # The host's row lock serialises the reports of one host.
+    if not Host.objects.select_for_update().filter(id=host_id).exists():
+        raise NotFound(f"unknown host {host_id}", field="host")
+    mine = Interval.objects.filter(host_id=host_id)
+    holding = list(mine.filter(Q(end__isnull=True) | Q(end__gt=at), start__lte=at))
+    current = next((i for i in holding if i.kind != IntervalKind.RUN), None)
+    run = next((i for i in holding if i.kind == IntervalKind.RUN), None)
+    if status not in STATUS_KINDS:
+        if current is not None:
+            _cut(current, at)
+        return None
+    if current is not None and current.kind == status:
+        return current
+    start, old_end = at, None
+    if run is not None:
+        if run.end is None:
+            return None
+        start = run.end
+        there = mine.filter(start=start).exclude(kind=IntervalKind.RUN).first()
+        if there is not None:
+            return there if there.kind == status else None
+    elif current is not None:
+        old_end = current.end
+        _cut(current, at)
+    following = mine.filter(start__gt=start).order_by("start").values_list("start", flat=True).first()
+    ends = [t for t in (old_end, following) if t is not None]
+    end = min(ends) if ends else None
+    if end is not None and end <= start:
+        return None
+    return Interval.objects.create(kind=status, host_id=host_id, shard_id=shard_id, start=start, end=end)
+
+
+def _cut(interval: Interval, at: datetime) -> None:
+    """Ends `interval` at `at`; one that would be empty is removed."""
+    if interval.start >= at:
+        interval.delete()
+    else:
+        interval.end = at
+        interval.save(update_fields=["end"])

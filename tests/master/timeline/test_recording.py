@@ -1,0 +1,160 @@
+"""Intervals as the master records them: runs from the heartbeat's HQE updates, host states from
+record_host_status; duplicates and reports out of time order never make overlapping intervals."""
+
+from datetime import timedelta
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from common.constants import HostStatus
+from common.errors import FleetshardError, NotFound
+from common.models import HostQueueEntry
+from master.timeline.models import Interval, IntervalKind
+from master.timeline.recording import record_host_status
+from tests.master.test_heartbeat import update
+from tests.master.timeline.factories import T0, add_run, at, host
+
+STARTED = "2026-11-23T00:00:10Z"
+FINISHED = "2026-11-23T00:01:10Z"
+
+
+def _runs():
+    return list(Interval.objects.filter(kind=IntervalKind.RUN).values_list("hqe_id", "host_id", "start", "end"))
+
+
+def test_heartbeat_opens_a_run_then_closes_it_and_a_resent_update_changes_nothing(fleet, heartbeat):
+    job = fleet.job()
+    hqe = HostQueueEntry.objects.get(job=job)
+    a1 = host("a1")
+    running = update(1, hqe, "Running", host=a1.id, started_on=STARTED)
+    heartbeat(fleet.lab1, fleet.token1, updates=[running])
+    assert _runs() == [(hqe.id, a1.id, at(10), None)]
+    done = update(2, hqe, "Completed", exit_code=0, finished_on=FINISHED)
+    heartbeat(fleet.lab1, fleet.token1, updates=[running, done])
+    assert _runs() == [(hqe.id, a1.id, at(10), at(70))]
+    acks = heartbeat(fleet.lab1, fleet.token1, updates=[running, done])["acks"]
+    assert [a["result"] for a in acks] == ["accepted", "accepted"]
+    assert _runs() == [(hqe.id, a1.id, at(10), at(70))]
+
+
+def test_an_update_without_a_start_records_no_run(fleet, heartbeat):
+    hqe = HostQueueEntry.objects.get(job=fleet.job())
+    heartbeat(fleet.lab1, fleet.token1, updates=[update(1, hqe, "Aborted", finished_on=FINISHED)])
+    assert _runs() == []
+
+
+def test_a_run_ending_before_it_started_is_recorded_empty_not_negative(fleet, heartbeat):
+    hqe = HostQueueEntry.objects.get(job=fleet.job())
+    body = update(1, hqe, "Completed", host=host("a2").id, started_on=FINISHED, finished_on=STARTED, exit_code=0)
+    heartbeat(fleet.lab1, fleet.token1, updates=[body])
+    assert _runs() == [(hqe.id, host("a2").id, at(70), at(70))]
+
+
+def test_a_replaced_shard_database_closes_its_open_runs(fleet, heartbeat):
+    hqe = HostQueueEntry.objects.get(job=fleet.job())
+    heartbeat(fleet.lab1, fleet.token1, updates=[update(1, hqe, "Running", host=host("a1").id, started_on=STARTED)])
+    fleet.lab1.refresh_from_db()
+    fleet.lab1.last_heartbeat -= timedelta(days=1)
+    fleet.lab1.save(update_fields=["last_heartbeat"])
+    heartbeat(fleet.lab1, fleet.token1, instance="00000000-0000-4000-8000-000000000001")
+    (run,) = Interval.objects.filter(kind=IntervalKind.RUN)
+    assert run.end is not None and run.end >= run.start
+    assert run.end == HostQueueEntry.objects.get(id=hqe.id).finished_on
+
+
+def _states(name="a1"):
+    return list(Interval.objects.filter(host__hostname=name).order_by("start").values_list("kind", "start", "end"))
+
+
+def test_host_states_open_and_close_and_duplicates_change_nothing(fleet):
+    a1 = host("a1")
+    opened = record_host_status(a1, HostStatus.CLEANING, at(0), shard=fleet.lab1)
+    assert record_host_status(a1, HostStatus.CLEANING, at(0), shard=fleet.lab1) == opened
+    assert record_host_status(a1, HostStatus.CLEANING, at(5), shard=fleet.lab1) == opened
+    record_host_status(a1, HostStatus.READY, at(30), shard=fleet.lab1)
+    record_host_status(a1, HostStatus.READY, at(30), shard=fleet.lab1)
+    record_host_status(a1, HostStatus.REPAIRING, at(40), shard=fleet.lab1)
+    record_host_status(a1, HostStatus.REPAIR_FAILED, at(50), shard=fleet.lab1)
+    assert _states() == [
+        ("Cleaning", at(0), at(30)),
+        ("Repairing", at(40), at(50)),
+        ("Repair Failed", at(50), None),
+    ]
+    assert Interval.objects.get(kind="Cleaning").shard == fleet.lab1
+
+
+def test_a_report_older_than_the_last_fills_in_before_it(fleet):
+    a1 = host("a1")
+    record_host_status(a1, HostStatus.REPAIRING, at(10), shard=fleet.lab1)
+    record_host_status(a1, HostStatus.CLEANING, at(5), shard=fleet.lab1)
+    assert _states() == [("Cleaning", at(5), at(10)), ("Repairing", at(10), None)]
+    record_host_status(a1, HostStatus.READY, at(20), shard=fleet.lab1)
+    record_host_status(a1, HostStatus.REPAIR_FAILED, at(15), shard=fleet.lab1)
+    assert _states() == [("Cleaning", at(5), at(10)), ("Repairing", at(10), at(15)), ("Repair Failed", at(15), at(20))]
+
+
+def test_a_state_reported_during_a_run_starts_when_the_run_ends(fleet):
+    add_run("a1", 0, 60)
+    record_host_status(host("a1"), HostStatus.CLEANING, at(59), shard=fleet.lab1)
+    assert _states() == [("run", at(0), at(60)), ("Cleaning", at(60), None)]
+    add_run("a2", 0, None)
+    assert record_host_status(host("a2"), HostStatus.CLEANING, at(30), shard=fleet.lab1) is None
+    assert _states("a2") == [("run", at(0), None)]
+
+
+def test_bad_reports_are_refused_and_change_nothing(fleet):
+    with pytest.raises(FleetshardError, match="unknown host status 'Busy'"):
+        record_host_status(host("a1"), "Busy", at(0), shard=fleet.lab1)
+    with pytest.raises(FleetshardError, match="needs a time zone"):
+        record_host_status(host("a1"), HostStatus.CLEANING, at(0).replace(tzinfo=None), shard=fleet.lab1)
+    with pytest.raises(NotFound, match="unknown host 999999"):
+        record_host_status(999999, HostStatus.CLEANING, at(0), shard=None)
+    assert not Interval.objects.exists()
+
+
+def _no_partial_overlaps(rows):
+    """Sorted intervals of one host, as a viewer nests them: each ends within the one it starts in."""
+    stack = []
+    for _, start, end in sorted(rows, key=lambda r: (r[1], -(r[2] or at(10**6)).timestamp())):
+        end = end or at(10**6)
+        while stack and stack[-1] <= start:
+            stack.pop()
+        assert not stack or end <= stack[-1], rows
+        stack.append(end)
+
+
+REPORTS = st.lists(
+    st.tuples(st.sampled_from(HostStatus.ALL), st.integers(min_value=0, max_value=40)), min_size=1, max_size=12
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(reports=REPORTS, with_run=st.booleans())
+def test_reports_in_any_order_leave_no_overlaps_and_a_repeated_report_changes_nothing(fleet, reports, with_run):
+    Interval.objects.all().delete()
+    if with_run:
+        add_run("a1", 12, 18)
+    a1 = host("a1")
+    for status, second in reports:
+        record_host_status(a1, status, T0 + timedelta(seconds=second), shard=fleet.lab1)
+        before = _states()
+        record_host_status(a1, status, T0 + timedelta(seconds=second), shard=fleet.lab1)
+        assert _states() == before
+    _no_partial_overlaps(_states())
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(reports=REPORTS)
+def test_an_outbox_resent_from_its_start_changes_nothing(fleet, reports):
+    """The outbox sends a host's reports in time order and may resend them after an outage."""
+    Interval.objects.all().delete()
+    a1 = host("a1")
+    ordered = sorted(reports, key=lambda r: r[1])
+    for status, second in ordered:
+        record_host_status(a1, status, T0 + timedelta(seconds=second), shard=fleet.lab1)
+    first = _states()
+    for status, second in ordered:
+        record_host_status(a1, status, T0 + timedelta(seconds=second), shard=fleet.lab1)
+    assert _states() == first
+    _no_partial_overlaps(first)
