@@ -16,7 +16,7 @@ BOOKKEEPING = {("master_token", "last_used")}
 
 
 def database_checksum() -> str:
-    """SHA-256 over every row of every fleetshard table, ordered by id: equal before and after means unchanged.
+    """SHA-256 over every row of every fleetshard table, by primary key: equal before and after means unchanged.
 
     A token's `last_used` is left out: it records that a request came (at most once a minute), even
     one that was refused for its content.
@@ -30,7 +30,10 @@ def database_checksum() -> str:
                 for c in connection.introspection.get_table_description(cursor, table)
                 if (table, c.name) not in BOOKKEEPING
             ]
-            cursor.execute(f"SELECT {', '.join(map(qn, columns))} FROM {qn(table)} ORDER BY {qn('id')}")
+            # By the primary key, which is not always `id` (shard_hoststate's is its host); SQLite would
+            # take an unknown quoted "id" for a string and order nothing.
+            key = connection.introspection.get_primary_key_columns(cursor, table) or columns
+            cursor.execute(f"SELECT {', '.join(map(qn, columns))} FROM {qn(table)} ORDER BY {', '.join(map(qn, key))}")
             digest.update(table.encode())
             for row in cursor.fetchall():
                 digest.update(repr(row).encode())
