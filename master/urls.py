@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from common.health import healthz, readyz
 from master.metrics import MetricsView
 from master.overview import fleet_overview
 from master.results import charts
@@ -15,6 +16,8 @@ urlpatterns = [
     path("api/v1/", include("master.api.urls")),
     path("admin/", admin.site.urls),
     path("metrics", MetricsView.as_view(), name="metrics"),
+    path("healthz", healthz, name="healthz"),
+    path("readyz", readyz, name="readyz"),
 ]
 
 # Django's own 400s (e.g. a refused Host header) as JSON under /api/.

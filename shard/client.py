@@ -71,6 +71,8 @@ class HeartbeatClient:
         self.master_url = master_url.rstrip("/")
         self.token = token
         self.session = master_session(token)
+        # Heartbeats that did not go through since this process started (the shard's /metrics).
+        self.failures_total = 0
 
     def build_request(self) -> dict[str, Any]:
         if self.instance is None:
@@ -127,6 +129,7 @@ class HeartbeatClient:
                 raise
             except (HeartbeatFailed, DatabaseError) as exc:
                 failures += 1
+                self.failures_total += 1
                 delay = backoff(self.interval, failures)
                 log.warning("heartbeat failed (%s); retrying in %.1f s", exc, delay)
             else:

@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from common.constants import FailureClass, HostStatus, HQEStatus
 from common.errors import FleetshardError
+from common.logjson import log_context
 from common.models import Host, HostQueueEntry, Job
 from common.wire import clean_text
 from shard.config import SchedulerConfig
@@ -277,10 +278,23 @@ class Scheduler:
         except Exception as exc:
             # The run goes on and is watched; its end is recorded from Starting just as well.
             log.warning("HQE %s: cannot record that it runs: %s", hqe.id, exc)
-        log.info("HQE %s of job %s running on %s (pid %s)", hqe.id, job.id, host.hostname, handle.pid)
+        log.info(
+            "HQE %s of job %s running on %s (pid %s)",
+            hqe.id,
+            job.id,
+            host.hostname,
+            handle.pid,
+            extra=log_context(hqe=hqe.id, job=job.id, host=host.hostname),
+        )
 
     def _cannot_start(self, hqe: HostQueueEntry, host: Host, exc: Exception) -> None:
-        log.warning("HQE %s on %s: cannot start: %s", hqe.id, host.hostname, exc)
+        log.warning(
+            "HQE %s on %s: cannot start: %s",
+            hqe.id,
+            host.hostname,
+            exc,
+            extra=log_context(hqe=hqe.id, job=hqe.job_id, host=host.hostname),
+        )
         reason = clean_text(f"[fleetshard] cannot start the job on {host.hostname}: {exc}")
         try:
             with shard_write():
@@ -301,7 +315,7 @@ class Scheduler:
                 run.killed = True
 
     def _note(self, run: LiveRun, text: str) -> None:
-        log.info("HQE %s: %s", run.hqe_id, text)
+        log.info("HQE %s: %s", run.hqe_id, text, extra=log_context(hqe=run.hqe_id, job=run.job_id))
         try:
             if not run.handle.note(text):
                 append_note(run.log_path, text)
@@ -379,7 +393,13 @@ class Scheduler:
         del self.runs[run.hqe_id]
         run.handle.close()
         log.info(
-            "HQE %s of job %s: %s%s (exit %s)", run.hqe_id, run.job_id, status, f"/{failure}" * bool(failure), code
+            "HQE %s of job %s: %s%s (exit %s)",
+            run.hqe_id,
+            run.job_id,
+            status,
+            f"/{failure}" * bool(failure),
+            code,
+            extra=log_context(hqe=run.hqe_id, job=run.job_id),
         )
         self.hosts.after_job(run.host_id, ok=status == HQEStatus.COMPLETED)
 

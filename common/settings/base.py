@@ -19,6 +19,32 @@ DEV_SECRET_KEY = "fleetshard-development-only-secret-key-do-not-use-in-productio
 SECRET_KEY = os.environ.get("SECRET_KEY", DEV_SECRET_KEY)
 DEBUG = os.environ.get("DEBUG", "").lower() in ("1", "true", "yes")
 ALLOWED_HOSTS = [h for h in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]").split(",") if h]
+# Origins (scheme://host[:port]) whose forms may post here: the public URL an operator reaches the
+# admin at, behind a TLS proxy (deploy/README.md).
+CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+
+
+def _flag(name: str, default: bool) -> bool:
+    return os.environ.get(name, "1" if default else "0").strip().lower() in ("1", "true", "yes")
+
+
+# Behind a TLS-terminating proxy (nginx, deploy/): the proxy says the request came over HTTPS in
+# X-Forwarded-Proto, cookies are sent over HTTPS only, and browsers are told to keep to HTTPS.
+# Off by default: a development or test master is served over plain HTTP on loopback.
+TLS_PROXY = _flag("FLEETSHARD_TLS_PROXY", False)
+if TLS_PROXY:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    # Probes and scrapes from the machine itself come over plain HTTP, past the proxy.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = int(os.environ.get("FLEETSHARD_HSTS_SECONDS", str(365 * 24 * 3600)))
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = _flag("FLEETSHARD_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = _flag("FLEETSHARD_HSTS_PRELOAD", False)
+
+# Preloading HSTS binds the whole domain for good: the domain's owner decides, not this app's check.
+SILENCED_SYSTEM_CHECKS = [] if TLS_PROXY and SECURE_HSTS_PRELOAD else ["security.W021"]
 
 
 def databases(role: str) -> dict[str, dict[str, Any]]:
@@ -96,11 +122,21 @@ FLEETSHARD_SERVE_BACKGROUND: list[str] = []
 # The heartbeat's period: the shard sends at it, the master counts a shard offline after missing a few.
 FLEETSHARD_HEARTBEAT_INTERVAL_S = float(os.environ.get("FLEETSHARD_HEARTBEAT_INTERVAL_S", "10"))
 
+# FLEETSHARD_LOG_FORMAT=json: one JSON object a line for a log shipper (common/logjson.py); else text.
+LOG_FORMAT = os.environ.get("FLEETSHARD_LOG_FORMAT", "text").strip().lower()
+if LOG_FORMAT not in ("text", "json"):
+    raise RuntimeError(f"FLEETSHARD_LOG_FORMAT must be 'text' or 'json', not {LOG_FORMAT!r}")
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+        "json": {"()": "common.logjson.JsonFormatter"},
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "json" if LOG_FORMAT == "json" else "plain"}
+    },
     "root": {"handlers": ["console"], "level": os.environ.get("FLEETSHARD_LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }

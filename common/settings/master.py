@@ -3,7 +3,7 @@
 import os
 
 from common.settings.base import *  # noqa: F403
-from common.settings.base import DJANGO_APPS, databases
+from common.settings.base import DJANGO_APPS, SILENCED_SYSTEM_CHECKS, databases
 
 ROLE = "master"
 DATABASES = databases(ROLE)
@@ -62,6 +62,9 @@ SPECTACULAR_SETTINGS = {
     },
 }
 
+# The API's schema and docs pages follow the API's rule (a token or a login) unless this is 1.
+FLEETSHARD_PUBLIC_API_DOCS = os.environ.get("FLEETSHARD_PUBLIC_API_DOCS", "") == "1"
+
 FLEETSHARD_MAX_HQES_PER_JOB = int(os.environ.get("FLEETSHARD_MAX_HQES_PER_JOB", "500"))  # a job's bound
 
 # What each `serve` worker runs beside requests: the regression detector, unless this master runs
@@ -74,4 +77,4 @@ FLEETSHARD_SERVE_BACKGROUND = (
 
 # The timings index covers its columns on PostgreSQL (INCLUDE); SQLite keeps a plain index, which is
 # all it can do, so its warning says nothing an operator could act on.
-SILENCED_SYSTEM_CHECKS = ["models.W040"]
+SILENCED_SYSTEM_CHECKS = [*SILENCED_SYSTEM_CHECKS, "models.W040"]

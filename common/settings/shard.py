@@ -48,3 +48,5 @@ FLEETSHARD_RESULTS_UPLOAD_GRACE_DAYS = float(os.environ.get("FLEETSHARD_RESULTS_
 FLEETSHARD_PROCESS_TRACKING = os.environ.get("FLEETSHARD_PROCESS_TRACKING", "auto")
 # The cgroup (under each cgroup mount) that holds this shard's runs; shards sharing a machine may share it.
 FLEETSHARD_CGROUP_NAME = os.environ.get("FLEETSHARD_CGROUP_NAME", "fleetshard")
+# ADDRESS:PORT where `run_shard` serves /metrics (Prometheus) and /healthz, unauthenticated; empty: off.
+FLEETSHARD_METRICS_BIND = os.environ.get("FLEETSHARD_METRICS_BIND", "")

@@ -9,6 +9,7 @@ to change the fleet. Superusers hold every permission.
 
 from typing import Any
 
+from django.conf import settings
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.request import Request
 from rest_framework.views import APIView
@@ -66,3 +67,12 @@ class IsOwnerOrStaffToAbort(BasePermission):
 
     def has_object_permission(self, request: Request, view: APIView, obj: Any) -> bool:
         return request.method in SAFE_METHODS or may_abort(request.user, obj)
+
+
+class ApiDocsPermission(BasePermission):
+    """The schema and docs pages: signed-in callers, like the API, unless FLEETSHARD_PUBLIC_API_DOCS=1."""
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        if settings.FLEETSHARD_PUBLIC_API_DOCS:
+            return True
+        return bool(request.user and request.user.is_authenticated)

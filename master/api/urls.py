@@ -4,7 +4,8 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import SimpleRouter
 
-from master.api import results, timeline, views
+from master.api import results, root, timeline, views
+from master.api.permissions import ApiDocsPermission
 
 router = SimpleRouter()
 router.register("labels", views.LabelViewSet, basename="label")
@@ -18,8 +19,13 @@ router.register("results/timings", results.TimingViewSet, basename="result-timin
 router.register("results/regressions", results.RegressionViewSet, basename="result-regression")
 
 urlpatterns = [
-    path("schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    path("", root.ApiRootView.as_view(), name="api-root"),
+    path("schema/", SpectacularAPIView.as_view(permission_classes=[ApiDocsPermission]), name="schema"),
+    path(
+        "docs/",
+        SpectacularSwaggerView.as_view(url_name="schema", permission_classes=[ApiDocsPermission]),
+        name="docs",
+    ),
     path("auth/", include("rest_framework.urls")),
     path("results/upload", results.ResultUploadView.as_view(), name="results-upload"),
     path("results/quarantined", results.ResultQuarantinedView.as_view(), name="results-quarantined"),

@@ -2,12 +2,13 @@
 (in common, so both roles have it)."""
 
 import logging
+import os
 import sys
 import threading
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.module_loading import import_string
 from gunicorn.app.base import BaseApplication
 
@@ -49,31 +50,63 @@ def _stop_background(server: Any, worker: Any) -> None:
         thread.join(STOP_WAIT_S)
 
 
+def _positive(name: str, value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise CommandError(f"{name} must be a whole number of at least 1, not {value!r}")
+    return number
+
+
+def default_workers() -> int:
+    """WEB_CONCURRENCY when set (the convention of gunicorn and PaaS hosts), else two per core plus one."""
+    env = os.environ.get("WEB_CONCURRENCY", "").strip()
+    return _positive("WEB_CONCURRENCY", env) if env else 2 * (os.cpu_count() or 1) + 1
+
+
+def default_threads() -> int:
+    env = os.environ.get("FLEETSHARD_SERVE_THREADS", "").strip()
+    return _positive("FLEETSHARD_SERVE_THREADS", env) if env else 4
+
+
 class Command(BaseCommand):
     help = "Serve this process's role over HTTP with gunicorn."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--bind", default="127.0.0.1:8000", help="ADDRESS:PORT to listen on")
-        parser.add_argument("--workers", type=int, default=2)
-        parser.add_argument("--threads", type=int, default=4)
+        parser.add_argument(
+            "--workers", type=int, default=None, help="processes [env WEB_CONCURRENCY; default 2 per core + 1]"
+        )
+        parser.add_argument(
+            "--threads", type=int, default=None, help="threads per process [env FLEETSHARD_SERVE_THREADS; 4]"
+        )
         parser.add_argument("--timeout", type=int, default=60)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        workers = options["workers"] if options["workers"] is not None else default_workers()
+        threads = options["threads"] if options["threads"] is not None else default_threads()
+        if workers < 1 or threads < 1:
+            raise CommandError("--workers and --threads must be at least 1")
         check_migrated()
+        json_logs = settings.LOG_FORMAT == "json"
         if settings.SECRET_KEY == settings.DEV_SECRET_KEY:
             msg = "WARNING: SECRET_KEY is not set; using the development key. Never do this in production."
             log.warning(msg)
-            print(msg, file=sys.stderr, flush=True)
-        _Gunicorn(
-            {
-                "bind": options["bind"],
-                "workers": options["workers"],
-                "threads": options["threads"],
-                "timeout": options["timeout"],
-                "accesslog": "-",
-                "errorlog": "-",
-                "loglevel": "info",
-                "post_worker_init": _start_background,
-                "worker_exit": _stop_background,
-            }
-        ).run()
+            if not json_logs:
+                print(msg, file=sys.stderr, flush=True)
+        gunicorn_options: dict[str, Any] = {
+            "bind": options["bind"],
+            "workers": workers,
+            "threads": threads,
+            "timeout": options["timeout"],
+            "accesslog": "-",
+            "errorlog": "-",
+            "loglevel": "info",
+            "post_worker_init": _start_background,
+            "worker_exit": _stop_background,
+        }
+        if json_logs:
+            gunicorn_options["logger_class"] = "common.logjson.GunicornJsonLogger"
+        _Gunicorn(gunicorn_options).run()

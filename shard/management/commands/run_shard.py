@@ -25,6 +25,7 @@ from shard.isolation import (
     protect_data,
     read_token_file,
 )
+from shard.metrics import MetricsServer
 from shard.process import ShardProcess
 from shard.scheduler import Scheduler
 
@@ -49,6 +50,19 @@ def sqlite_file() -> list[Path]:
 
 
 class Command(BaseCommand):
+    @staticmethod
+    def _metrics_server(client: HeartbeatClient) -> MetricsServer | None:
+        bind = settings.FLEETSHARD_METRICS_BIND
+        if not bind:
+            return None
+        try:
+            server = MetricsServer(bind, client, settings.FLEETSHARD_SHARD_HOSTNAME)
+        except (OSError, ValueError) as exc:
+            raise CommandError(f"cannot serve metrics on FLEETSHARD_METRICS_BIND={bind}: {exc}") from exc
+        server.start()
+        log.info("serving /metrics and /healthz on %s", bind)
+        return server
+
     help = "Run this shard's heartbeat client and scheduler until SIGTERM (drain) or SIGINT (stop at once)."
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -100,7 +114,13 @@ class Command(BaseCommand):
             settings.FLEETSHARD_MASTER_URL,
         )
         log.info("%s; %s", describe_job_user(config.job_user), tracking)
-        process.run()
+        metrics = self._metrics_server(client)
+        try:
+            process.run()
+        finally:
+            if metrics is not None:
+                metrics.shutdown()
+                metrics.server_close()
         if process.fatal:
             raise CommandError(f"stopping: {process.fatal}")
         log.info("shard %s stopped", settings.FLEETSHARD_SHARD_HOSTNAME)

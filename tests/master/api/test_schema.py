@@ -17,14 +17,27 @@ def test_committed_schema_matches_the_code(tmp_path):
     )
 
 
-def test_schema_is_served_without_a_token(anonymous):
-    resp = anonymous.get("/api/v1/schema/")
+def test_schema_is_served_to_a_token(user):
+    resp = user.get("/api/v1/schema/")
     assert resp.status_code == 200
     assert yaml.safe_load(resp.content) == yaml.safe_load(SCHEMA_PATH.read_text())
 
 
-def test_docs_page_and_its_assets_are_served_locally(anonymous):
-    resp = anonymous.get("/api/v1/docs/")
+def test_schema_and_docs_need_a_token_like_the_api(anonymous):
+    for page in ("/api/v1/schema/", "/api/v1/docs/"):
+        assert anonymous.get(page).status_code in (401, 403), page
+
+
+def test_schema_and_docs_are_public_when_the_operator_opens_them(anonymous, settings):
+    settings.FLEETSHARD_PUBLIC_API_DOCS = True
+    resp = anonymous.get("/api/v1/schema/")
+    assert resp.status_code == 200
+    assert yaml.safe_load(resp.content) == yaml.safe_load(SCHEMA_PATH.read_text())
+    assert anonymous.get("/api/v1/docs/").status_code == 200
+
+
+def test_docs_page_and_its_assets_are_served_locally(user, anonymous):
+    resp = user.get("/api/v1/docs/")
     assert resp.status_code == 200
     page = resp.content.decode()
     assets = re.findall(r'(?:src|href)="(/static/[^"]+)"', page)
@@ -32,3 +45,10 @@ def test_docs_page_and_its_assets_are_served_locally(anonymous):
     for asset in assets:
         assert anonymous.get(asset).status_code == 200, asset
     assert "http://" not in page.replace("http://testserver", "") and "https://" not in page
+
+
+def test_api_root_reports_the_one_version(user, anonymous):
+    from common.constants import CLIENT_VERSION, PROTOCOL_VERSION
+
+    assert user.get("/api/v1/").json() == {"version": CLIENT_VERSION, "protocol": PROTOCOL_VERSION}
+    assert anonymous.get("/api/v1/").status_code in (401, 403)

@@ -1,0 +1,67 @@
+"""JSON log lines (FLEETSHARD_LOG_FORMAT=json) for log shippers: one object a line, every line parses.
+
+Each line has `timestamp` (UTC, ISO 8601), `level`, `logger` and `message`, and `shard`, `job`, `hqe`
+and `host` where they apply: from a call's `extra=` (`log_context`), and a shard process's own name.
+ASCII-only output: whatever a job or the network put into a message (NUL, lone surrogates, newlines)
+is escaped, never able to break a line or the encoding.
+"""
+
+import json
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+from django.conf import settings
+from gunicorn.glogging import Logger as GunicornLogger
+
+CONTEXT_KEYS = ("shard", "job", "hqe", "host")
+
+
+def log_context(**fields: object) -> dict[str, object]:
+    """`extra=` for a log call about a job, HQE or host: `log.info(..., extra=log_context(hqe=7, job=3))`."""
+    unknown = set(fields) - set(CONTEXT_KEYS)
+    if unknown:
+        raise ValueError(f"log context takes {', '.join(CONTEXT_KEYS)}, not {', '.join(sorted(unknown))}")
+    return {key: value for key, value in fields.items() if value is not None}
+
+
+def _own_shard() -> str:
+    """The shard this process runs as, when it is one."""
+    try:
+        if getattr(settings, "ROLE", "") == "shard":
+            return str(getattr(settings, "FLEETSHARD_SHARD_HOSTNAME", "") or "")
+    except Exception:  # settings not configured (a bare import): no context rather than no log line
+        return ""
+    return ""
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "timestamp": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        shard = _own_shard()
+        if shard:
+            entry["shard"] = shard
+        for key in CONTEXT_KEYS:
+            value = record.__dict__.get(key)
+            if value is not None and value != "":
+                entry[key] = value if isinstance(value, int | float | bool) else str(value)
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            entry["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(entry, ensure_ascii=True, default=str)
+
+
+class GunicornJsonLogger(GunicornLogger):
+    """gunicorn's own error and access logs as the same JSON lines (`serve` uses it in JSON mode)."""
+
+    def setup(self, cfg: Any) -> None:
+        super().setup(cfg)
+        for log in (self.error_log, self.access_log):
+            for handler in log.handlers:
+                handler.setFormatter(JsonFormatter())
