@@ -1,0 +1,144 @@
+"""The shard's own /metrics and /healthz (FLEETSHARD_METRICS_BIND): figures that follow a real run."""
+
+import math
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from shard.metrics import outcome, parse_bind
+from tests.shard.fleet import new_shard, submit, writable_by_jobs
+from tests.support import free_port, make_shard_process, wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+def scrape(base: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    resp = requests.get(base + "/metrics", timeout=10)
+    assert resp.status_code == 200 and resp.headers["Content-Type"].startswith("text/plain")
+    return {
+        (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "shard"))): s.value
+        for family in text_string_to_metric_families(resp.text)
+        for s in family.samples
+    }
+
+
+def serving(base: str, proc_alive) -> bool:
+    assert proc_alive(), "run_shard exited"
+    try:
+        return requests.get(base + "/healthz", timeout=2).json() == {"status": "ok"}
+    except requests.RequestException:
+        return False
+
+
+def test_metrics_follow_a_job_through_the_shard(master_server, tmp_path):
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    shard = new_shard(master_server, tmp_path, hosts=1, FLEETSHARD_METRICS_BIND=f"127.0.0.1:{port}")
+    gate = writable_by_jobs(tmp_path) / "go"
+    shard.process.start()
+    try:
+        wait_until(lambda: serving(base, lambda: shard.process.proc.poll() is None), timeout=30, what="/healthz")
+        wait_until(lambda: scrape(base)[("fleetshard_shard_accepted", ())] == 1, timeout=30, what="acceptance")
+        before = scrape(base)
+        assert before[("fleetshard_shard_runs_started_total", ())] == 0
+        assert before[("fleetshard_shard_hosts", (("status", "Ready"),))] == 1
+        assert before[("fleetshard_shard_heartbeat_failures_total", ())] == 0
+        assert 0 <= before[("fleetshard_shard_heartbeat_age_seconds", ())] < 30
+
+        waiting = f'while [ ! -e "{gate}" ]; do sleep 0.1; done'
+        submit(master_server, [{"name": "held", "command": waiting, "meta_hosts": [[shard.label, 1]]}])
+
+        def running() -> dict:
+            m = scrape(base)
+            return m if m[("fleetshard_shard_runs", (("state", "Running"),))] == 1 else {}
+
+        during = wait_until(running, timeout=30, what="the job to run")
+        assert during[("fleetshard_shard_runs_started_total", ())] == 1
+        assert during[("fleetshard_shard_hosts", (("status", "Running"),))] == 1
+        assert not any(name == "fleetshard_shard_runs_ended_total" for name, _ in during)
+
+        gate.touch()
+        submit(master_server, [{"name": "fails", "command": "exit 3", "meta_hosts": [[shard.label, 1]]}])
+
+        def both_ended() -> dict:
+            m = scrape(base)
+            done = (
+                m.get(("fleetshard_shard_runs_ended_total", (("outcome", "Completed"),))) == 1
+                and m.get(("fleetshard_shard_runs_ended_total", (("outcome", "Failed/test"),))) == 1
+            )
+            return m if done and m[("fleetshard_shard_outbox_entries", ())] == 0 else {}
+
+        after = wait_until(both_ended, timeout=60, what="both jobs to end and be acked")
+        assert after[("fleetshard_shard_runs_started_total", ())] == 2
+        assert after[("fleetshard_shard_runs", (("state", "Running"),))] == 0
+        assert requests.get(base + "/nothing", timeout=5).status_code == 404
+    finally:
+        assert shard.process.stop() == 0
+    with pytest.raises(requests.ConnectionError):
+        requests.get(base + "/healthz", timeout=2)
+
+
+def test_metrics_count_failed_heartbeats_when_the_master_is_gone(master_server, tmp_path):
+    """A shard that never reached its master: alive, never heartbeated, failures counting up."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    process = make_shard_process(tmp_path, master_server, "lab-orphan", "no-such-token")
+    process.role.extra_env.update(
+        FLEETSHARD_MASTER_URL=f"http://127.0.0.1:{free_port()}",
+        FLEETSHARD_METRICS_BIND=f"[::1]:{port}" if _ipv6() else f"127.0.0.1:{port}",
+        FLEETSHARD_HEARTBEAT_INTERVAL_S="0.1",
+    )
+    if _ipv6():
+        base = f"http://[::1]:{port}"
+    process.start()
+    try:
+        wait_until(lambda: serving(base, lambda: process.proc.poll() is None), timeout=30, what="/healthz")
+        m = wait_until(
+            lambda: (m := scrape(base))[("fleetshard_shard_heartbeat_failures_total", ())] >= 1 and m,
+            timeout=30,
+            what="a failed heartbeat",
+        )
+        assert m[("fleetshard_shard_accepted", ())] == 0
+        assert math.isinf(m[("fleetshard_shard_heartbeat_age_seconds", ())])
+        assert math.isnan(m[("fleetshard_shard_last_heartbeat_ok_timestamp_seconds", ())])
+    finally:
+        process.stop()
+
+
+def _ipv6() -> bool:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+def test_a_bad_metrics_bind_stops_run_shard_with_its_name(master_server, tmp_path):
+    process = make_shard_process(tmp_path, master_server, "lab-badbind", "t", FLEETSHARD_METRICS_BIND="nowhere")
+    proc = process.role.manage("run_shard", check=False, timeout=60)
+    assert proc.returncode == 1
+    assert "FLEETSHARD_METRICS_BIND must be HOST:PORT (e.g. 127.0.0.1:9464), not 'nowhere'" in proc.stderr
+
+
+@pytest.mark.parametrize("bind", ["", ":80", "host:", "host:0", "host:70000", "host:http", "1.2.3.4"])
+def test_parse_bind_refuses_what_is_not_host_port(bind):
+    with pytest.raises(ValueError, match="FLEETSHARD_METRICS_BIND must be HOST:PORT"):
+        parse_bind(bind)
+
+
+def test_parse_bind_takes_ipv4_ipv6_and_names():
+    assert parse_bind("127.0.0.1:9464") == ("127.0.0.1", 9464)
+    assert parse_bind("[::1]:9464") == ("::1", 9464)
+    assert parse_bind("localhost:1") == ("localhost", 1)
+
+
+def test_outcome_names_the_failure_class():
+    assert [outcome("Completed", ""), outcome("Failed", "infra"), outcome("Aborted", "")] == [
+        "Completed",
+        "Failed/infra",
+        "Aborted",
+    ]
