@@ -1,0 +1,68 @@
+"""The shard's purge: its own finished jobs older than a cutoff (with their HQEs and run records), and
+old dead letters. `manage.py purge` runs it on a shard's database.
+
+A job goes only when none of its HQEs is active or ended after the cutoff and no update of it waits
+in the outbox: the master no longer sends a finished job, so nothing brings it back, and nothing
+the master has not acknowledged is lost. Each batch takes the shard's write lock (shard.locks), so
+a purge beside a running `run_shard` keeps the one lock order. Run directories on disk have their
+own retention (FLEETSHARD_RESULTS_RETENTION_DAYS).
+"""
+
+from datetime import datetime
+
+from django.db.models import QuerySet
+
+from common.constants import HQEStatus
+from common.models import HostQueueEntry, Job
+from common.purge import BatchHook, PurgeReport, purge_in_batches
+from shard.locks import shard_write
+from shard.models import DeadLetter, OutboxEntry
+
+
+def old_jobs(cutoff: datetime) -> QuerySet[Job]:
+    return (
+        Job.objects.filter(created_on__lt=cutoff)
+        .exclude(hqes__status__in=HQEStatus.ACTIVE)
+        .exclude(hqes__finished_on__gte=cutoff)
+        .exclude(id__in=OutboxEntry.objects.values("job_id"))
+    )
+
+
+def delete_jobs(ids: list[int], cutoff: datetime) -> dict[str, int]:
+    with shard_write():
+        _, by_model = old_jobs(cutoff).filter(id__in=ids).delete()
+    return {"jobs": by_model.get(Job._meta.label, 0), "HQEs": by_model.get(HostQueueEntry._meta.label, 0)}
+
+
+def delete_dead_letters(ids: list[int], cutoff: datetime) -> dict[str, int]:
+    with shard_write():
+        return {"dead letters": DeadLetter.objects.filter(id__in=ids, created_on__lt=cutoff).delete()[0]}
+
+
+def purge(
+    cutoff: datetime, *, dry_run: bool = False, batch_size: int, on_batch: BatchHook | None = None
+) -> PurgeReport:
+    report = PurgeReport(dry_run=dry_run)
+    purge_in_batches(
+        report,
+        "jobs",
+        lambda: old_jobs(cutoff),
+        lambda ids: delete_jobs(ids, cutoff),
+        lambda: {
+            "jobs": old_jobs(cutoff).count(),
+            "HQEs": HostQueueEntry.objects.filter(job__in=old_jobs(cutoff)).count(),
+        },
+        batch_size=batch_size,
+        on_batch=on_batch,
+    )
+    old_letters = DeadLetter.objects.filter(created_on__lt=cutoff)
+    purge_in_batches(
+        report,
+        "dead letters",
+        lambda: old_letters,
+        lambda ids: delete_dead_letters(ids, cutoff),
+        lambda: {"dead letters": old_letters.count()},
+        batch_size=batch_size,
+        on_batch=on_batch,
+    )
+    return report
