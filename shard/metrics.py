@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 # A scrape or probe that sends nothing for this long is dropped: a stuck client holds no thread.
 REQUEST_TIMEOUT_S = 10.0
+# At most this many requests read the database at once; more get a 503 rather than a thread each.
+MAX_CONCURRENT = 4
 
 
 def outcome(status: str, failure: str) -> str:
@@ -143,6 +145,15 @@ class _Handler(BaseHTTPRequestHandler):
     sys_version = ""
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        if not self.server.slots.acquire(blocking=False):
+            self._send(503, "text/plain; charset=utf-8", b"busy: too many requests at once\n")
+            return
+        try:
+            self._get()
+        finally:
+            self.server.slots.release()
+
+    def _get(self) -> None:
         path = self.path.split("?", 1)[0]
         try:
             if path == "/metrics":
@@ -175,6 +186,7 @@ class MetricsServer(ThreadingHTTPServer):
         host, port = parse_bind(bind)
         if ":" in host:
             self.address_family = socket.AF_INET6
+        self.slots = threading.BoundedSemaphore(MAX_CONCURRENT)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(ShardCollector(client, shard))
         super().__init__((host, port), _Handler)

@@ -127,6 +127,12 @@ LOG_FORMAT = os.environ.get("FLEETSHARD_LOG_FORMAT", "text").strip().lower()
 if LOG_FORMAT not in ("text", "json"):
     raise RuntimeError(f"FLEETSHARD_LOG_FORMAT must be 'text' or 'json', not {LOG_FORMAT!r}")
 
+if LOG_FORMAT == "json":
+    import logging
+
+    # Python's warnings become log lines too, so nothing but JSON reaches the log.
+    logging.captureWarnings(True)
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -6,7 +6,8 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from shard.metrics import outcome, parse_bind
+from shard.client import HeartbeatClient
+from shard.metrics import MAX_CONCURRENT, MetricsServer, outcome, parse_bind
 from tests.shard.fleet import new_shard, submit, writable_by_jobs
 from tests.support import free_port, make_shard_process, wait_until
 
@@ -142,3 +143,21 @@ def test_outcome_names_the_failure_class():
         "Failed/infra",
         "Aborted",
     ]
+
+
+def test_more_requests_at_once_than_allowed_get_a_503_not_a_thread_each():
+    client = HeartbeatClient("http://127.0.0.1:1", "lab", "token")
+    port = free_port()
+    server = MetricsServer(f"127.0.0.1:{port}", client, "lab")
+    server.start()
+    try:
+        for _ in range(MAX_CONCURRENT):
+            server.slots.acquire()
+        busy = requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
+        assert busy.status_code == 503 and b"busy" in busy.content
+        for _ in range(MAX_CONCURRENT):
+            server.slots.release()
+        assert requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+    finally:
+        server.shutdown()
+        server.server_close()
