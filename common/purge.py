@@ -16,7 +16,10 @@ from django.db.models import Model, QuerySet
 _AGE_RE = re.compile(r"(\d{1,6})([smhdw])")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 DEFAULT_BATCH_SIZE = 500
-MAX_BATCH_SIZE = 100_000
+# A batch's ids go into one IN (...): within what SQLite takes in one statement.
+MAX_BATCH_SIZE = 10_000
+# Longer than any history kept, and short enough that now minus it is still a date.
+MAX_AGE = timedelta(days=100 * 365)
 
 
 def parse_age(text: str) -> timedelta:
@@ -26,7 +29,10 @@ def parse_age(text: str) -> timedelta:
         raise ValueError(
             f"--older-than must be a positive whole number and a unit (s, m, h, d or w), like 90d, not {text!r}"
         )
-    return timedelta(**{_UNITS[match[2]]: int(match[1])})
+    age = timedelta(**{_UNITS[match[2]]: int(match[1])})
+    if age > MAX_AGE:
+        raise ValueError(f"--older-than must be at most 100 years, not {text!r}")
+    return age
 
 
 @dataclass

@@ -141,7 +141,9 @@ def test_purge_prints_each_batch_when_asked(history):
         (["--older-than", "0d"], "not '0d'"),
         (["--older-than=-5d"], "not '-5d'"),
         (["--older-than", "3 months"], "not '3 months'"),
-        (["--older-than", "90d", "--batch-size", "0"], "--batch-size must be between 1 and 100000, not 0"),
+        (["--older-than", "999999w"], "--older-than must be at most 100 years, not '999999w'"),
+        (["--older-than", "90d", "--batch-size", "0"], "--batch-size must be between 1 and 10000, not 0"),
+        (["--older-than", "90d", "--batch-size", "10001"], "--batch-size must be between 1 and 10000, not 10001"),
     ],
 )
 def test_bad_input_is_refused_by_name_and_changes_nothing(history, args, message):
