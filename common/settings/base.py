@@ -39,7 +39,10 @@ if TLS_PROXY:
     SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
-    SECURE_HSTS_SECONDS = int(os.environ.get("FLEETSHARD_HSTS_SECONDS", str(365 * 24 * 3600)))
+    _hsts = os.environ.get("FLEETSHARD_HSTS_SECONDS", str(365 * 24 * 3600)).strip()
+    if not _hsts.isdigit():
+        raise RuntimeError(f"FLEETSHARD_HSTS_SECONDS must be a whole number of seconds (0: no HSTS), not {_hsts!r}")
+    SECURE_HSTS_SECONDS = int(_hsts)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = _flag("FLEETSHARD_HSTS_INCLUDE_SUBDOMAINS", True)
     SECURE_HSTS_PRELOAD = _flag("FLEETSHARD_HSTS_PRELOAD", False)
 

@@ -89,3 +89,10 @@ def test_serve_takes_its_workers_from_web_concurrency_or_the_cores(monkeypatch):
         monkeypatch.setenv("WEB_CONCURRENCY", bad)
         with pytest.raises(CommandError, match=f"WEB_CONCURRENCY must be a whole number of at least 1, not '{bad}'"):
             default_workers()
+
+
+def test_a_bad_hsts_value_is_refused_by_name(tmp_path):
+    one = role("master", tmp_path, FLEETSHARD_TLS_PROXY="1", FLEETSHARD_HSTS_SECONDS="a year")
+    proc = one.manage("check", check=False)
+    assert proc.returncode == 1
+    assert "FLEETSHARD_HSTS_SECONDS must be a whole number of seconds (0: no HSTS), not 'a year'" in proc.stderr
