@@ -27,6 +27,8 @@ def old_jobs(cutoff: datetime) -> QuerySet[Job]:
         .exclude(status__in=JobStatus.ACTIVE)
         .exclude(hqes__status__in=HQEStatus.ACTIVE)
         .exclude(hqes__finished_on__gte=cutoff)
+        # A suite's children still running read their parent's keyvals (the heartbeat's suite_keyvals).
+        .exclude(children__status__in=JobStatus.ACTIVE)
     )
 
 

@@ -61,6 +61,9 @@ def history(fleet):
         finished_job("old-but-running", 120, status=HQEStatus.RUNNING),
         finished_job("old-ended-lately", 120, hqe_days=5),
     ]
+    parent = finished_job("old-parent-of-running", 120)
+    Job.objects.filter(id=kept[1].id).update(parent=parent)
+    kept.append(parent)
     host = Host.objects.get(hostname="a2")
     Interval.objects.create(kind=IntervalKind.REPAIRING, host=host, start=ago(150), end=ago(149))
     Interval.objects.create(kind=IntervalKind.REPAIR_FAILED, host=host, start=ago(149), end=None)
@@ -79,12 +82,17 @@ def test_purge_deletes_old_finished_jobs_with_their_hqes_intervals_and_audit(his
     audit_before = AuditRecord.objects.count()
     out = run_purge("--older-than", "90d")
     assert Job.objects.filter(id__in=[j.id for j in history["old"]]).count() == 0
-    assert set(Job.objects.values_list("name", flat=True)) >= {"new", "old-but-running", "old-ended-lately"}
-    assert HostQueueEntry.objects.filter(job__name__startswith="old-").count() == 2
+    assert set(Job.objects.values_list("name", flat=True)) == {
+        "new",
+        "old-but-running",
+        "old-ended-lately",
+        "old-parent-of-running",
+    }
+    assert HostQueueEntry.objects.filter(job__name__startswith="old-").count() == 3
     assert not Interval.objects.filter(kind=IntervalKind.REPAIRING).exists()
     assert Interval.objects.filter(kind=IntervalKind.REPAIR_FAILED).exists(), "an open interval is never purged"
     assert Interval.objects.filter(kind=IntervalKind.CLEANING).exists()
-    assert Interval.objects.filter(kind=IntervalKind.RUN).count() == 3
+    assert Interval.objects.filter(kind=IntervalKind.RUN).count() == 4
     # Only the purge's own record is left of the old trail, saying what it deleted.
     [record] = AuditRecord.objects.all()
     assert record.action == "database.purge" and record.details["deleted"]["jobs"] == 3
