@@ -7,7 +7,8 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from master.results.changepoint import detect_steps, fixed_at, regressions
+from master.results import changepoint
+from master.results.changepoint import detect_steps, fixed_at, mann_whitney_z, regressions
 from tests.support import ROOT
 
 
@@ -40,6 +41,32 @@ def test_no_alarm_on_flat_noisy_series_with_outliers(seed):
     values[rng.choice(100, 2, replace=False)] *= 3  # two slow outliers, one may be the newest point
     values[-1] *= 1 + 2 * (seed % 2)
     assert regressions(list(values)) == []
+
+
+def test_the_rank_z_is_large_for_a_clear_step_small_without_one_and_zero_when_all_are_equal():
+    rng = np.random.default_rng(4)
+    before, after = rng.normal(1.0, 0.05, 40), rng.normal(1.2, 0.05, 20)
+    assert mann_whitney_z(before, after) > 5
+    assert mann_whitney_z(after, before) < -5
+    assert abs(mann_whitney_z(before[:20], before[20:])) < 2
+    assert mann_whitney_z(np.zeros(30), np.ones(30)) > 7  # ties: mean ranks, corrected variance
+    assert mann_whitney_z(np.ones(5), np.ones(5)) == 0.0
+    assert mann_whitney_z(np.ones(5), np.array([])) == 0.0
+
+
+def test_three_slow_newest_points_are_not_yet_a_regression_and_a_fourth_makes_one(monkeypatch):
+    flat = noisy([(60, 1.0)])
+    assert regressions(flat + [1.3] * 3) == []
+    assert [s.index for s in regressions(flat + [1.3] * 4)] == [60]
+    monkeypatch.setattr(changepoint, "CONFIRM_Z", -np.inf)  # the mean shift alone raises it at once
+    assert [s.index for s in regressions(flat + [1.3] * 3)] == [60]
+
+
+def test_outliers_among_the_newest_points_are_not_a_step(monkeypatch):
+    series = noisy([(60, 1.0)]) + [3.0, 1.0, 1.0, 3.0, 1.0, 2.5, 3.0]
+    assert detect_steps(series) == []
+    monkeypatch.setattr(changepoint, "CONFIRM_Z", -np.inf)  # what the rank test drops
+    assert [s.index for s in detect_steps(series)] == [63]
 
 
 def test_a_step_smaller_than_the_minimum_change_is_not_reported():
