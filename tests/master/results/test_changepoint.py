@@ -69,6 +69,15 @@ def test_outliers_among_the_newest_points_are_not_a_step(monkeypatch):
     assert [s.index for s in detect_steps(series)] == [63]
 
 
+def test_many_short_steps_cost_a_few_rank_tests_per_cut_not_one_per_cut_per_dropped_cut(monkeypatch):
+    calls = []
+    rank_z = changepoint.mann_whitney_z
+    monkeypatch.setattr(changepoint, "mann_whitney_z", lambda a, b: calls.append(1) or rank_z(a, b))
+    sawtooth = [1.0 if (i // 5) % 2 else 2.0 for i in range(200)]  # 39 cuts, none a lasting step
+    assert detect_steps(sawtooth) == []
+    assert len(calls) <= 3 * 39
+
+
 def test_a_step_smaller_than_the_minimum_change_is_not_reported():
     series = noisy([(50, 1.0), (50, 1.03)], noise=0.002)
     assert detect_steps(series) == []
