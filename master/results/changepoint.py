@@ -48,9 +48,15 @@ CLIP_HALF_WINDOW = 3
 # few extreme points made: with it, 3.3 keeps 0.7% false alarms on those 3,000 series without a
 # step and finds 91.1% of the steps, where max |z| alone gave 0.6% and 90.3% at 3.6, 0.3% and 89.3%
 # at the former 3.8. It needs 4 points after a step (3 of 100 give at most z = 2.94), which raises
-# a step a point later (median 5 points after it instead of 4) and alarms fewer series online.
+# a step a point or two later (median 5-6 points after it instead of 4) and alarms fewer series
+# online.
+# Where the segments are too short for any order of their points to reach CONFIRM_Z (4 points after
+# a step and fewer than 30 before it, 5 and fewer than 13, any number and 3 or fewer), the rank test
+# asks for the most it can give: every point after the step beyond every point before. A step needs
+# CONFIRM_AFTER points after it either way.
 THRESHOLD = 3.3
 CONFIRM_Z = 3.2
+CONFIRM_AFTER = 4
 # The first pass, only to find the segments the noise is then measured around, is more eager.
 FIRST_PASS = 0.85
 _TRIM = 0.96
@@ -188,39 +194,46 @@ def _segment(
 def _significant(x: np.ndarray, cuts: list[tuple[int, float]], min_change_pct: float) -> list[Step]:
     """The cuts whose change, between the medians of the segments either side, reaches the minimum,
     and which a rank test of those segments confirms; the weakest failing cut (the smallest change,
-    then the lowest rank z) is dropped and its neighbours measured again until every one passes.
-    Each (segment before, cut, segment after) is measured once: dropping a cut changes only its
-    neighbours, so a series of many short steps costs a few tests per cut, not one per cut per drop."""
+    then the rank z farthest below what it needs) is dropped and its neighbours measured again until
+    every one passes. Each (segment before, cut, segment after) is measured once: dropping a cut
+    changes only its neighbours, so a series of many short steps costs a few tests per cut, not one
+    per cut per drop."""
     measured: dict[tuple[int, int, int], tuple[Step, float]] = {}
     while True:
         bounds = [0, *(c for c, _ in cuts), len(x)]
         steps = []
-        ranks = []
+        margins = []
         for k, (cut, score) in enumerate(cuts):
             key = (bounds[k], cut, bounds[k + 2])
             if key not in measured:
                 measured[key] = _measure(x, *key, score)
-            step, rank_z = measured[key]
+            step, margin = measured[key]
             steps.append(step)
-            ranks.append(rank_z)
+            margins.append(margin)
         small = [k for k, s in enumerate(steps) if abs(s.change_pct) < min_change_pct]
         if small:
             del cuts[min(small, key=lambda k: abs(steps[k].change_pct))]
             continue
-        weak = [k for k, z in enumerate(ranks) if z < CONFIRM_Z]
+        weak = [k for k, m in enumerate(margins) if m < 0]
         if not weak:
             return steps
-        del cuts[min(weak, key=lambda k: ranks[k])]
+        del cuts[min(weak, key=lambda k: margins[k])]
 
 
 def _measure(x: np.ndarray, lo: int, cut: int, hi: int, score: float) -> tuple[Step, float]:
-    """The step at `cut` between the segments x[lo:cut] and x[cut:hi], and the rank z of the second
-    against the first in the step's direction."""
+    """The step at `cut` between the segments x[lo:cut] and x[cut:hi], and how far the rank z of the
+    second against the first, in the step's direction, is above what confirms it (negative: not
+    confirmed)."""
     before = _median(x[lo:cut])
     after = _median(x[cut:hi])
     change = (after - before) / before * 100 if before > 0 else (math.inf if after > 0 else 0.0)
+    n1, n2 = cut - lo, hi - cut
+    if n2 < CONFIRM_AFTER:
+        return Step(cut, before, after, change, score), -math.inf
     rank_z = mann_whitney_z(x[lo:cut], x[cut:hi])
-    return Step(cut, before, after, change, score), (rank_z if change >= 0 else -rank_z)
+    separated = math.sqrt(3 * n1 * n2 / (n1 + n2 + 1))  # the rank z when every point after is beyond
+    needed = min(CONFIRM_Z, separated * (1 - 1e-9))
+    return Step(cut, before, after, change, score), (rank_z if change >= 0 else -rank_z) - needed
 
 
 def mann_whitney_z(before: np.ndarray, after: np.ndarray) -> float:
