@@ -88,7 +88,8 @@ def detect_steps(
     min_after: int = MIN_AFTER,
 ) -> list[Step]:
     """Every step up or down in `values` (timings in time order), oldest first; a step needs
-    `min_after` points after it before it is reported, and MIN_SEGMENT points between steps.
+    `min_after` points after it to be placed and CONFIRM_AFTER to be confirmed by the rank test
+    before it is reported, and MIN_SEGMENT points between steps.
     Timings must be finite and non-negative (the parsers see to it); ValueError otherwise."""
     x = np.asarray(values, dtype=float)
     if not np.all(np.isfinite(x)) or np.any(x < 0):
