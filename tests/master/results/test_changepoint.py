@@ -7,7 +7,8 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from master.results.changepoint import detect_steps, fixed_at, regressions
+from master.results import changepoint
+from master.results.changepoint import detect_steps, fixed_at, mann_whitney_z, regressions
 from tests.support import ROOT
 
 
@@ -40,6 +41,55 @@ def test_no_alarm_on_flat_noisy_series_with_outliers(seed):
     values[rng.choice(100, 2, replace=False)] *= 3  # two slow outliers, one may be the newest point
     values[-1] *= 1 + 2 * (seed % 2)
     assert regressions(list(values)) == []
+
+
+def test_the_rank_z_is_large_for_a_clear_step_small_without_one_and_zero_when_all_are_equal():
+    rng = np.random.default_rng(4)
+    before, after = rng.normal(1.0, 0.05, 40), rng.normal(1.2, 0.05, 20)
+    assert mann_whitney_z(before, after) > 5
+    assert mann_whitney_z(after, before) < -5
+    assert abs(mann_whitney_z(before[:20], before[20:])) < 2
+    assert mann_whitney_z(np.zeros(30), np.ones(30)) > 7  # ties: mean ranks, corrected variance
+    assert mann_whitney_z(np.ones(5), np.ones(5)) == 0.0
+    assert mann_whitney_z(np.ones(5), np.array([])) == 0.0
+
+
+def test_three_slow_newest_points_are_not_yet_a_regression_and_a_fourth_makes_one(monkeypatch):
+    flat = noisy([(60, 1.0)])
+    assert regressions(flat + [1.3] * 3) == []
+    assert [s.index for s in regressions(flat + [1.3] * 4)] == [60]
+    monkeypatch.setattr(changepoint, "CONFIRM_Z", -np.inf)  # the mean shift alone raises it at once
+    monkeypatch.setattr(changepoint, "CONFIRM_AFTER", 0)
+    assert [s.index for s in regressions(flat + [1.3] * 3)] == [60]
+
+
+@pytest.mark.parametrize(("before", "after"), [(3, 4), (5, 5), (12, 4), (3, 40)])
+def test_a_step_in_a_young_series_is_found_once_four_points_follow_it(before, after):
+    """Too few points for the rank test's threshold: every point after above every point before."""
+    assert [s.index for s in regressions(noisy([(before, 1.0), (after, 1.5)]))] == [before]
+    assert regressions(noisy([(before, 1.0), (3, 1.5)])) == []
+
+
+def test_outliers_among_the_newest_points_are_not_a_step(monkeypatch):
+    series = noisy([(60, 1.0)]) + [3.0, 1.0, 1.0, 3.0, 1.0, 2.5, 3.0]
+    assert detect_steps(series) == []
+    monkeypatch.setattr(changepoint, "CONFIRM_Z", -np.inf)  # what the rank test drops
+    assert [s.index for s in detect_steps(series)] == [63]
+
+
+def test_many_weak_cuts_cost_a_few_measures_each_not_one_per_cut_per_dropped_cut(monkeypatch):
+    measures, cuts_found = [], []
+    measure, significant = changepoint._measure, changepoint._significant
+    monkeypatch.setattr(changepoint, "_measure", lambda *a: measures.append(1) or measure(*a))
+    monkeypatch.setattr(
+        changepoint, "_significant", lambda x, cuts, pct: cuts_found.append(len(cuts)) or significant(x, cuts, pct)
+    )
+    levels = np.array([1.0 if (i // 8) % 2 else 1.07 for i in range(200)])  # blocks of 8 points, 2 noise levels apart
+    series = list(levels * (1 + 0.02 * np.random.default_rng(1).standard_normal(200)))
+    assert detect_steps(series) == []  # no block differs from its neighbours by a confirmed step
+    (cuts,) = cuts_found
+    assert cuts >= 20
+    assert len(measures) <= 3 * cuts  # measured afresh on every drop, it took about cuts**2 / 2
 
 
 def test_a_step_smaller_than_the_minimum_change_is_not_reported():
