@@ -10,6 +10,8 @@ from typing import Any
 
 import dj_database_url
 
+from common import constants
+
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
 DATA_DIR = Path(os.environ.get("FLEETSHARD_DATA_DIR", "./var")).resolve()
@@ -95,6 +97,10 @@ FLEETSHARD_SERVE_BACKGROUND: list[str] = []
 
 # The heartbeat's period: the shard sends at it, the master counts a shard offline after missing a few.
 FLEETSHARD_HEARTBEAT_INTERVAL_S = float(os.environ.get("FLEETSHARD_HEARTBEAT_INTERVAL_S", "10"))
+
+# How much of a run's output is kept: by the shard in the run's `job.log`, and by the master, which
+# stores the log the shard ships (master/logs/) and marks it cut past this many bytes.
+FLEETSHARD_MAX_LOG_BYTES = int(os.environ.get("FLEETSHARD_MAX_LOG_BYTES", str(constants.DEFAULT_MAX_LOG_BYTES)))
 
 LOGGING = {
     "version": 1,
