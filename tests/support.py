@@ -196,12 +196,13 @@ def serve(role: Role, port: int) -> subprocess.Popen[bytes]:
 
 
 @pytest.fixture
-def own_master(tmp_path: Path) -> Iterator[Master]:
-    """A master of this test's own, which the test may stop and start again on the same port."""
+def own_master(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Master]:
+    """A master of this test's own, which the test may stop and start again on the same port; its
+    environment is the suite's plus what an indirect parametrization gives (`request.param`)."""
     data_dir = tmp_path / "own-master"
     data_dir.mkdir()
     url = fresh_database_url(data_dir, "master")
-    role = Role("master", url, data_dir)
+    role = Role("master", url, data_dir, dict(getattr(request, "param", {})))
     role.manage("migrate", "--noinput")
     port = free_port()
     master = Master(role, f"http://127.0.0.1:{port}", serve(role, port))
