@@ -8,9 +8,10 @@ empty chunk at offset 0) and goes on from there, so neither a shard restart nor 
 or repeats anything: shipping just waits. A log is done once the master took its final chunk (the run
 ended and the file was sent to its end).
 
-Bounded: a chunk is at most MAX_LOG_CHUNK_BYTES, each log gets at most one chunk per pass, and passes
-start LOG_SHIP_INTERVAL_S apart. Bytes are sent as the job wrote them (NUL, invalid UTF-8 and all):
-the master decodes them only for readers. The file is opened without following links and only when
+Bounded: a chunk is at most MAX_LOG_CHUNK_BYTES, a pass sends at most MAX_LOG_PASS_BYTES (a chunk of
+each log in turn, then more of those still behind), and passes start LOG_SHIP_INTERVAL_S apart.
+Bytes are sent as the job wrote them (NUL, invalid UTF-8 and all): the master decodes them only for
+readers. The file is opened without following links and only when
 it is the shard's own (a job may put anything under the name `job.log`: it owns the directory).
 """
 
@@ -27,7 +28,7 @@ from django.db import DatabaseError, close_old_connections, connection
 from django.db.models import Q
 from django.utils import timezone
 
-from common.constants import LOG_SHIP_INTERVAL_S, MAX_LOG_CHUNK_BYTES, HQEStatus
+from common.constants import LOG_SHIP_INTERVAL_S, MAX_LOG_CHUNK_BYTES, MAX_LOG_PASS_BYTES, HQEStatus
 from shard.client import HeartbeatClient, backoff, error_of, field_of, master_session
 from shard.executor import UnsafeFile, open_regular
 from shard.models import Run
@@ -111,6 +112,7 @@ class Shipping:
     path: Path
     ended: bool = False
     offset: int | None = None
+    finished: bool = False
     warned: set[str] = field(default_factory=set)
 
 
@@ -125,6 +127,7 @@ class LogShipper:
         self.sender = LogSender(client.master_url, client.token, client.timeout[1])
         self.root = results_root.resolve()
         self.interval_s = interval_s
+        self.pass_bytes = MAX_LOG_PASS_BYTES
         self.owners = (os.geteuid(),)
         self.logs: dict[int, Shipping] = {}
         # Ended runs whose log the master has whole, among those the last look returned.
@@ -155,36 +158,50 @@ class LogShipper:
         self.done &= {row[0] for row in rows}
 
     def ship_pass(self, stop: threading.Event) -> None:
-        """One chunk (at most) of every log that has something for the master; raises MasterUnavailable."""
-        for hqe_id in sorted(self.logs):
-            if stop.is_set():
-                return
-            state = self.logs[hqe_id]
-            try:
-                finished = self.ship(state)
-            except LogRefused as exc:
-                log.warning("HQE %s: its log is not shipped: %s", hqe_id, exc)
-                finished = True
-            if finished:
-                del self.logs[hqe_id]
-                self.done.add(hqe_id)
+        """A chunk of every log that has something for the master, then more rounds of those still
+        behind while the pass's byte budget lasts (so a backlog catches up, fairly); raises
+        MasterUnavailable."""
+        budget = self.pass_bytes
+        waiting = sorted(self.logs)
+        while waiting and budget > 0:
+            behind = []
+            for hqe_id in waiting:
+                if stop.is_set() or budget <= 0:
+                    return
+                state = self.logs[hqe_id]
+                try:
+                    sent, more = self.ship(state)
+                except LogRefused as exc:
+                    log.warning("HQE %s: its log is not shipped: %s", hqe_id, exc)
+                    sent, more = 0, False
+                    state.finished = True
+                budget -= sent
+                if state.finished:
+                    del self.logs[hqe_id]
+                    self.done.add(hqe_id)
+                elif more:
+                    behind.append(hqe_id)
+            waiting = behind
 
-    def ship(self, state: Shipping) -> bool:
-        """Sends the log's next chunk if it has one; True once the master has the whole log."""
+    def ship(self, state: Shipping) -> tuple[int, bool]:
+        """Sends the log's next chunk if it has one: the bytes sent, and whether more are waiting.
+        Sets `state.finished` once the master has the whole log."""
         if state.offset is None:
             state.offset = self.sender.send(state.hqe_id, 0, b"", final=False).size
         data, eof = self._read(state)
         if data is None:
-            return self._finish_unreadable(state)
+            state.finished = self._finish_unreadable(state)
+            return 0, False
         final = state.ended and eof
         if not data and not final:
-            return False
+            return 0, False
         answer = self.sender.send(state.hqe_id, state.offset, data, final=final)
         state.offset = answer.size
         if answer.truncated and not final:
             # Past the master's cap nothing is stored: skip to the end of the file, and send only its end.
             state.offset = max(answer.size, self._file_size(state))
-        return final and answer.complete
+        state.finished = final and answer.complete
+        return len(data), not eof or answer.truncated
 
     def _read(self, state: Shipping) -> tuple[bytes | None, bool]:
         """The file's next chunk from the master's offset and whether it reaches the end; None: unreadable."""

@@ -84,19 +84,34 @@ def test_a_running_jobs_log_reaches_the_master_as_it_grows_then_whole_and_comple
     assert len(master.sent) == sent
 
 
-def test_a_big_log_goes_in_bounded_chunks_one_per_pass(world):
+def test_a_backlog_goes_in_bounded_chunks_each_log_in_turn_within_a_pass_budget(world):
     world.host("h1", ("lab",))
-    job = world.job("head -c 700000 /dev/zero | tr '\\0' x", meta_host="lab")
-    world.run_until(lambda: world.finished(job), what="the job to end")
+    world.host("h2", ("lab",))
+    big = "head -c 700000 /dev/zero | tr '\\0' x"
+    first, second = world.job(big, meta_host="lab"), world.job(big, meta_host="lab")
+    world.run_until(lambda: world.finished(first, second), what="the jobs to end")
+    a, b = world.hqe(first).id, world.hqe(second).id
     master = StoreMaster()
     shipper = shipper_for(world, master)
+    shipper.pass_bytes = 3 * MAX_LOG_CHUNK_BYTES
     shipper.find_runs()
-    for _ in range(5):
-        shipper.ship_pass(threading.Event())
-    chunks = [len(data) for _, _, data, _ in master.sent]
-    assert chunks == [0, MAX_LOG_CHUNK_BYTES, MAX_LOG_CHUNK_BYTES, 700000 - 2 * MAX_LOG_CHUNK_BYTES]
-    assert [final for *_, final in master.sent] == [False, False, False, True]
-    assert stored(world.hqe(job).id) == b"x" * 700000
+    shipper.ship_pass(threading.Event())
+    assert [(hqe, len(data)) for hqe, _, data, _ in master.sent] == [
+        (a, 0),
+        (a, MAX_LOG_CHUNK_BYTES),
+        (b, 0),
+        (b, MAX_LOG_CHUNK_BYTES),
+        (a, MAX_LOG_CHUNK_BYTES),
+    ]
+    master.sent.clear()
+    shipper.ship_pass(threading.Event())
+    last = 700000 - 2 * MAX_LOG_CHUNK_BYTES
+    assert [(hqe, len(data), final) for hqe, _, data, final in master.sent] == [
+        (a, last, True),
+        (b, MAX_LOG_CHUNK_BYTES, False),
+        (b, last, True),
+    ]
+    assert stored(a) == stored(b) == b"x" * 700000 and shipper.logs == {}
 
 
 def test_a_restarted_shard_asks_where_the_master_is_and_sends_only_the_rest(world):
