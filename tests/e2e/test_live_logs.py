@@ -105,8 +105,18 @@ def test_a_log_shipped_across_a_master_restart_equals_the_shards_file_up_to_the_
     command = TICKING.format(n=50, every=0.1, pad="x" * 50)
     (job,) = submit(own_master, [{"name": "chatty", "command": command, "meta_hosts": [[shard.label, 1]]}])
     shard.process.start()
+    follower: subprocess.Popen[bytes] | None = None
     try:
         wait_until(lambda: read_log(own_master, token, job)["size"] > 0, timeout=60, what="the first lines shipped")
+        # A follower started before the restart waits for the master and goes on where it was.
+        follower = subprocess.Popen(
+            [sys.executable, "-m", "cli.main", "job", "log", str(job), "-f"],
+            cwd=ROOT,
+            env=cli_env(own_master, token),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        time.sleep(1)
         stop(own_master.proc)
         time.sleep(1)
         own_master.proc = serve(own_master.role, port)
@@ -120,5 +130,11 @@ def test_a_log_shipped_across_a_master_restart_equals_the_shards_file_up_to_the_
         assert final["text"].encode() == whole[:cap]
         assert final["hqe_status"] == "Completed"
         assert "log shipping paused" in shard.process.log()
+        out, err = follower.communicate(timeout=60)
+        assert follower.returncode == 0, err
+        assert out == whole[:cap], (out[-200:], err)
+        assert b"lost the master" in err and b"the master keeps the first 3000 bytes" in err
     finally:
+        if follower is not None and follower.poll() is None:
+            follower.kill()
         shard.process.stop()
