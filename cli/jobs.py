@@ -10,6 +10,7 @@ import click
 from cli.action import Run, action
 from cli.client import CliError
 from cli.inputs import HOSTS_FILE, key_values, read_list, split
+from cli.job_log import job_log
 from cli.output import Column, fields, names, table, when
 from common.constants import DEFAULT_MAX_RUNTIME_MINS, DEFAULT_TIMEOUT_MINS, JobStatus
 
@@ -40,6 +41,9 @@ HQE_COLUMNS: list[Column] = [
 @click.group()
 def job() -> None:
     """Jobs: a command to run on one or more hosts of one shard."""
+
+
+job.add_command(job_log)
 
 
 @job.command("create")

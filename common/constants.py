@@ -26,6 +26,14 @@ MAX_RESULT_FILE_BYTES: Final = 16 * 1024 * 1024
 MAX_RESULT_FILES_PER_RUN: Final = 1000
 # Why a file was set aside, as a shard reports it (POST /api/v1/results/quarantined).
 MAX_RESULT_REASON_CHARS: Final = 1024
+# Live logs (docs/protocol.md, "Logs"): a shard pushes its runs' output to the master in chunks of at
+# most MAX_LOG_CHUNK_BYTES, at most MAX_LOG_PASS_BYTES every LOG_SHIP_INTERVAL_S; a reader gets at
+# most MAX_LOG_READ_BYTES per request. DEFAULT_MAX_LOG_BYTES is FLEETSHARD_MAX_LOG_BYTES unless set.
+MAX_LOG_CHUNK_BYTES: Final = 256 * 1024
+MAX_LOG_PASS_BYTES: Final = 4 * 1024 * 1024
+LOG_SHIP_INTERVAL_S: Final = 0.5
+MAX_LOG_READ_BYTES: Final = 1024 * 1024
+DEFAULT_MAX_LOG_BYTES: Final = 100 * 1024 * 1024
 
 
 class HostStatus(StrEnum):

@@ -79,6 +79,7 @@ class Token(models.Model):
 
 
 # Benchmark results live in their own module; Django finds an app's models here.
+from master.logs.models import RunLog, RunLogChunk  # noqa: E402
 from master.results.models import (  # noqa: E402
     DirtySeries,
     Regression,
@@ -97,6 +98,8 @@ __all__ = [
     "Regression",
     "RegressionStatus",
     "RejectedResult",
+    "RunLog",
+    "RunLogChunk",
     "TestEntry",
     "TestRun",
     "Token",

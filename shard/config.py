@@ -8,7 +8,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from shard.executor import DEFAULT_MAX_LOG_BYTES
+from common.constants import DEFAULT_MAX_LOG_BYTES
 from shard.isolation import JobUser, passthrough_names, resolve_job_user
 
 

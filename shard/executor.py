@@ -22,12 +22,11 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.constants import LOG_TAIL_BYTES
+from common.constants import DEFAULT_MAX_LOG_BYTES, LOG_TAIL_BYTES
 from common.wire import clean_text
 from shard.isolation import JobUser, take_back
 from shard.tracking import PROCESS_GROUP, TOP, Cgroup, Group, Tracker, detect, group_members
 
-DEFAULT_MAX_LOG_BYTES = 100 * 1024 * 1024
 COPY_CHUNK = 64 * 1024
 
 

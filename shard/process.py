@@ -16,6 +16,7 @@ import time
 from django.db import DatabaseError, close_old_connections, connection
 
 from shard.client import HeartbeatClient, HeartbeatFailed, ProtocolRefused
+from shard.log_shipping import LogShipper
 from shard.models import OutboxEntry
 from shard.results_upload import ResultsUploader
 from shard.scheduler import Scheduler
@@ -23,6 +24,8 @@ from shard.scheduler import Scheduler
 log = logging.getLogger("shard.run_shard")
 
 FINAL_HEARTBEATS = 3
+# How long a stopping shard still tries to send the ends of its runs' logs (the next start sends the rest).
+LOG_FLUSH_S = 5.0
 
 # Once every process of the runs is gone, how long the loop still tries to record their ends before
 # it exits anyway (a database that fails every query must not keep a stopping shard alive).
@@ -50,6 +53,9 @@ class ShardProcess:
         # sent stays on disk for the next start.
         self.uploader = ResultsUploader(client, scheduler.config)
         self._uploads: threading.Thread | None = None
+        # Runs' logs go to the master as they grow, in a thread of their own for the same reason.
+        self.log_shipper = LogShipper(client, scheduler.config.results_root)
+        self._log_shipping: threading.Thread | None = None
 
     # Stopping: safe from a signal handler or another thread.
 
@@ -94,6 +100,10 @@ class ShardProcess:
             target=self.uploader.run, args=(self.heartbeat_stop,), name="results", daemon=True
         )
         self._uploads.start()
+        self._log_shipping = threading.Thread(
+            target=self.log_shipper.run, args=(self.heartbeat_stop,), name="logs", daemon=True
+        )
+        self._log_shipping.start()
 
     def stop(self) -> None:
         """Ends what is left (host commands, every process of this runner), then the heartbeat, then flushes."""
@@ -101,8 +111,9 @@ class ShardProcess:
         # Nothing of ours may outlive us, and our empty cgroups go too.
         self.scheduler.executor.kill_runner(self.scheduler.runner_id)
         self.heartbeat_stop.set()
-        if self._uploads is not None:
-            self._uploads.join(timeout=2 if self.at_once.is_set() else self.client.timeout[1] + 10)
+        for thread in (self._uploads, self._log_shipping):
+            if thread is not None:
+                thread.join(timeout=2 if self.at_once.is_set() else self.client.timeout[1] + 10)
         if self._heartbeat is None:
             return
         deadline = time.monotonic() + self.client.timeout[1] + 10
@@ -112,6 +123,8 @@ class ShardProcess:
             self._heartbeat.join(timeout=0.1)
         if not self.at_once.is_set() and not self._heartbeat.is_alive():
             self._flush()
+        if not self.at_once.is_set() and self._log_shipping is not None and not self._log_shipping.is_alive():
+            self.log_shipper.flush(LOG_FLUSH_S)
 
     def _heartbeat_loop(self) -> None:
         try:

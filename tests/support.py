@@ -182,6 +182,35 @@ def master_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Master]:
     drop_database(url)
 
 
+def serve(role: Role, port: int) -> subprocess.Popen[bytes]:
+    proc = role.start("serve", "--bind", f"127.0.0.1:{port}", "--workers", "1", log_name=f"master-{port}.log")
+
+    def up() -> bool:
+        try:
+            return requests.get(f"http://127.0.0.1:{port}/admin/login/", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    wait_until(up, timeout=60, what="the master to serve")
+    return proc
+
+
+@pytest.fixture
+def own_master(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Master]:
+    """A master of this test's own, which the test may stop and start again on the same port; its
+    environment is the suite's plus what an indirect parametrization gives (`request.param`)."""
+    data_dir = tmp_path / "own-master"
+    data_dir.mkdir()
+    url = fresh_database_url(data_dir, "master")
+    role = Role("master", url, data_dir, dict(getattr(request, "param", {})))
+    role.manage("migrate", "--noinput")
+    port = free_port()
+    master = Master(role, f"http://127.0.0.1:{port}", serve(role, port))
+    yield master
+    stop(master.proc)
+    drop_database(url)
+
+
 @dataclass
 class ShardProcess:
     role: Role

@@ -10,6 +10,8 @@ from typing import Any
 
 import dj_database_url
 
+from common import constants
+
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
 DATA_DIR = Path(os.environ.get("FLEETSHARD_DATA_DIR", "./var")).resolve()
@@ -135,6 +137,10 @@ if LOG_FORMAT == "json":
 
     # Python's warnings become log lines too, so nothing but JSON reaches the log.
     logging.captureWarnings(True)
+
+# How much of a run's output is kept: by the shard in the run's `job.log`, and by the master, which
+# stores the log the shard ships (master/logs/) and marks it cut past this many bytes.
+FLEETSHARD_MAX_LOG_BYTES = int(os.environ.get("FLEETSHARD_MAX_LOG_BYTES", str(constants.DEFAULT_MAX_LOG_BYTES)))
 
 LOGGING = {
     "version": 1,

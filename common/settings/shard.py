@@ -36,11 +36,10 @@ FLEETSHARD_MINUTE_S = float(os.environ.get("FLEETSHARD_MINUTE_S", "60"))
 # The executor class (a dotted path to a shard.executor.Executor subclass) that runs jobs.
 FLEETSHARD_EXECUTOR = os.environ.get("FLEETSHARD_EXECUTOR", "shard.executor.LocalExecutor")
 # What a job sees (shard/isolation.py): who it runs as when the shard is root, which of the shard's
-# environment variables it gets beyond the allowlist, and how much of its output is kept.
+# environment variables it gets beyond the allowlist (how much of its output is kept: base.py).
 FLEETSHARD_JOB_USER = os.environ.get("FLEETSHARD_JOB_USER", "nobody")
 FLEETSHARD_JOB_ENV_PASSTHROUGH = os.environ.get("FLEETSHARD_JOB_ENV_PASSTHROUGH", "")
 FLEETSHARD_SHARD_TOKEN_FILE = os.environ.get("FLEETSHARD_SHARD_TOKEN_FILE", "")
-FLEETSHARD_MAX_LOG_BYTES = int(os.environ.get("FLEETSHARD_MAX_LOG_BYTES", str(100 * 1024 * 1024)))
 FLEETSHARD_RESULTS_RETENTION_DAYS = float(os.environ.get("FLEETSHARD_RESULTS_RETENTION_DAYS", "30"))
 # A run whose result files still wait for the master is kept this much longer than the retention.
 FLEETSHARD_RESULTS_UPLOAD_GRACE_DAYS = float(os.environ.get("FLEETSHARD_RESULTS_UPLOAD_GRACE_DAYS", "30"))

@@ -38,9 +38,17 @@ class JobLabelFilter(admin.SimpleListFilter):
 class HQEInline(HQEInlineBase):
     show_change_link = False
 
-    @admin.display(description="log tail")
+    @admin.display(description="log")
     def log(self, obj: HostQueueEntry) -> SafeString:
-        return pre(obj.log_tail, lines=40)
+        """The log the shard ships, read live by joblog.js; the stored tail until the first bytes come."""
+        return format_html(
+            '<div class="fs-live-log" id="fs-log-{}" data-url="{}" data-hqe="{}">'
+            '<div class="fs-log-note" style="font-size:11px;color:#666"></div>{}</div>',
+            obj.id,
+            reverse("job-log", kwargs={"id": obj.job_id}),
+            obj.id,
+            pre(obj.log_tail, lines=40),
+        )
 
 
 @admin.register(Job)
@@ -72,6 +80,9 @@ class JobAdmin(JobColumns, ServiceAdmin):
     fields = tuple(readonly_fields)
     inlines = [HQEInline]
     actions = ["abort_jobs"]
+
+    class Media:
+        js = ["master/joblog.js"]
 
     @admin.display(description="command")
     def command_shown(self, obj: Job) -> SafeString:

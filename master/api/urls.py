@@ -4,7 +4,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import SimpleRouter
 
-from master.api import results, root, timeline, views
+from master.api import logs, results, root, timeline, views
 from master.api.permissions import ApiDocsPermission
 
 router = SimpleRouter()
@@ -29,6 +29,8 @@ urlpatterns = [
     path("auth/", include("rest_framework.urls")),
     path("results/upload", results.ResultUploadView.as_view(), name="results-upload"),
     path("results/quarantined", results.ResultQuarantinedView.as_view(), name="results-quarantined"),
+    path("logs/append", logs.LogAppendView.as_view(), name="logs-append"),
+    path("jobs/<str:id>/log", logs.JobLogView.as_view(), name="job-log"),
     path("timeline/export", timeline.TimelineExportView.as_view(), name="timeline-export"),
     path("timeline/stats", timeline.TimelineStatsView.as_view(), name="timeline-stats"),
     path("", include(router.urls)),

@@ -5,7 +5,6 @@ master's answers; the uploads themselves against a real master (the `master_serv
 import json
 import os
 import pwd
-import subprocess
 import threading
 import time
 import uuid
@@ -13,7 +12,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-import requests
 from django.utils import timezone
 
 from common.constants import MAX_RESULT_FILE_BYTES, MAX_RESULT_FILES_PER_RUN
@@ -33,7 +31,7 @@ from shard.results_upload import (
 from shard.workspace import ARCHIVE, QUARANTINE
 from tests.shard.fleet import ACTIVE, new_shard, sql, submit, writable_by_jobs
 from tests.shard.world import ShardWorld, make_world
-from tests.support import Master, Role, drop_database, free_port, fresh_database_url, stop, wait_until
+from tests.support import Master, free_port, serve, stop, wait_until
 
 NOBODY = pwd.getpwnam("nobody")
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the job's files belong to another user")
@@ -490,34 +488,6 @@ def shard_run_dir(shard, job_id: int) -> Path | None:
         f"LEFT JOIN shard_run r ON r.hqe_id = q.id WHERE q.job_id = {int(job_id)}",
     )
     return Path(rows[0][0]) if rows and rows[0][0] and rows[0][1] not in ACTIVE else None
-
-
-def serve(role: Role, port: int) -> subprocess.Popen:
-    proc = role.start("serve", "--bind", f"127.0.0.1:{port}", "--workers", "1", log_name=f"master-{port}.log")
-
-    def up() -> bool:
-        try:
-            return requests.get(f"http://127.0.0.1:{port}/admin/login/", timeout=2).status_code == 200
-        except requests.RequestException:
-            return False
-
-    wait_until(up, timeout=60, what="the master to serve")
-    return proc
-
-
-@pytest.fixture
-def own_master(tmp_path):
-    """A master of this test's own, which the test may stop and start again on the same port."""
-    data_dir = tmp_path / "own-master"
-    data_dir.mkdir()
-    url = fresh_database_url(data_dir, "master")
-    role = Role("master", url, data_dir)
-    role.manage("migrate", "--noinput")
-    port = free_port()
-    master = Master(role, f"http://127.0.0.1:{port}", serve(role, port))
-    yield master
-    stop(master.proc)
-    drop_database(url)
 
 
 @pytest.mark.e2e

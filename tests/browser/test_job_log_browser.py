@@ -1,0 +1,61 @@
+"""The admin's job page in a real browser shows a running job's log growing: a real shard runs a job
+that prints a line every half second and ships its log; the page (master/static/master/joblog.js)
+reads it from the REST API with the admin's session and stops once the entry ended."""
+
+import re
+import uuid
+from typing import Any
+
+import pytest
+
+from tests.shard.fleet import new_shard, submit
+from tests.support import Master, wait_until
+
+pytestmark = [pytest.mark.browser, pytest.mark.e2e]
+
+PASSWORD = "fleetshard-log-test"
+COMMAND = 'for i in $(seq 1 16); do echo "line $i <b>not bold</b>"; sleep 0.5; done'
+
+
+def login(page: Any, base: str, user: str, next_path: str) -> None:
+    page.goto(base + next_path)
+    page.fill("#id_username", user)
+    page.fill("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+    page.wait_for_url(re.compile(re.escape(base + next_path) + r"$"))
+
+
+def test_the_job_page_shows_a_running_jobs_log_growing(master_server: Master, chromium: Any, tmp_path: Any) -> None:
+    from playwright.sync_api import expect
+
+    user = f"log-viewer-{uuid.uuid4().hex[:6]}"
+    master_server.shell(
+        f"from django.contrib.auth.models import User\nUser.objects.create_superuser({user!r}, '', {PASSWORD!r})\n"
+        "result = None"
+    )
+    shard = new_shard(master_server, tmp_path, hosts=1)
+    (job,) = submit(master_server, [{"name": "ticking", "command": COMMAND, "meta_hosts": [[shard.label, 1]]}])
+    context = chromium.new_context(viewport={"width": 1280, "height": 860})
+    context.set_default_timeout(30_000)
+    page = context.new_page()
+    shard.process.start()
+    try:
+        login(page, master_server.url, user, f"/admin/common/job/{job}/change/")
+        live = page.locator(".fs-live-log pre.fs-live")
+        expect(live).to_contain_text("line 2")
+        expect(page.locator(".fs-live-log .fs-log-note")).to_contain_text("live: Running")
+        early = live.inner_text()
+        assert "line 14" not in early, early
+        expect(live).to_contain_text("line 8")
+        assert len(live.inner_text()) > len(early)
+        # The page reads on until the entry ended, then stops asking.
+        expect(page.locator(".fs-live-log")).to_have_attribute("data-state", "ended", timeout=60_000)
+        text = live.inner_text()
+        assert text.splitlines() == [f"line {i} <b>not bold</b>" for i in range(1, 17)], text
+        # A job's output is text on the page, never markup.
+        assert page.locator(".fs-live-log pre b").count() == 0
+        assert "live:" not in page.locator(".fs-live-log .fs-log-note").inner_text()
+    finally:
+        context.close()
+        shard.process.stop()
+    wait_until(lambda: shard.process.proc is not None and shard.process.proc.poll() is not None, what="shard stop")
