@@ -48,6 +48,7 @@ DJANGO_APPS = [
 ]
 
 MIDDLEWARE = [
+    "common.admission.AdmissionMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

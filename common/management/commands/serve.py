@@ -1,5 +1,10 @@
 """Serves this role over HTTP with gunicorn, the production WSGI server: the master, or a shard's own admin
-(in common, so both roles have it)."""
+(in common, so both roles have it).
+
+gunicorn's threaded workers get `--threads` threads that work and `--waits` more that only hold
+long-polls (common/admission.py): thousands of waiting shards cost threads blocked on one event each,
+not database connections, and never take the place of a heartbeat.
+"""
 
 import logging
 import sys
@@ -7,10 +12,11 @@ import threading
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.module_loading import import_string
 from gunicorn.app.base import BaseApplication
 
+from common.admission import limit_work
 from common.schema import check_migrated
 from common.wsgi import application
 
@@ -32,12 +38,14 @@ class _Gunicorn(BaseApplication):
 
 # The worker's background threads and their stop events (settings.FLEETSHARD_SERVE_BACKGROUND).
 _background: list[tuple[threading.Thread, threading.Event]] = []
+_work_threads = 4
 STOP_WAIT_S = 10.0
 
 
 def _start_background(worker: Any) -> None:
     """Starts the role's background threads in each worker, after the fork: threads do not survive
     a fork, and a database connection opened before it would be shared by two processes."""
+    limit_work(_work_threads)
     for path in settings.FLEETSHARD_SERVE_BACKGROUND:
         _background.append(import_string(path)())
 
@@ -55,11 +63,22 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--bind", default="127.0.0.1:8000", help="ADDRESS:PORT to listen on")
         parser.add_argument("--workers", type=int, default=2)
-        parser.add_argument("--threads", type=int, default=4)
+        parser.add_argument("--threads", type=int, default=4, help="requests each worker works on at once")
+        parser.add_argument(
+            "--waits", type=int, default=1000, help="long-polls each worker holds at once, beside --threads"
+        )
         parser.add_argument("--timeout", type=int, default=60)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        global _work_threads
+        for name in ("workers", "threads"):
+            if options[name] < 1:
+                raise CommandError(f"--{name} must be at least 1")
+        if options["waits"] < 0:
+            raise CommandError("--waits must be at least 0")
         check_migrated()
+        _work_threads = options["threads"]
+        settings.FLEETSHARD_LONGPOLL_MAX_WAITS = options["waits"]
         if settings.SECRET_KEY == settings.DEV_SECRET_KEY:
             msg = "WARNING: SECRET_KEY is not set; using the development key. Never do this in production."
             log.warning(msg)
@@ -68,7 +87,10 @@ class Command(BaseCommand):
             {
                 "bind": options["bind"],
                 "workers": options["workers"],
-                "threads": options["threads"],
+                "worker_class": "gthread",
+                "threads": options["threads"] + options["waits"],
+                # Each held wait is a connection; keep-alive ones come on top.
+                "worker_connections": options["threads"] + options["waits"] + 100,
                 "timeout": options["timeout"],
                 "accesslog": "-",
                 "errorlog": "-",
