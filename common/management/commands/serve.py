@@ -7,6 +7,7 @@ not database connections, and never take the place of a heartbeat.
 """
 
 import logging
+import signal
 import sys
 import threading
 from typing import Any
@@ -48,6 +49,17 @@ def _start_background(worker: Any) -> None:
     limit_work(_work_threads)
     for path in settings.FLEETSHARD_SERVE_BACKGROUND:
         _background.append(import_string(path)())
+    # gunicorn waits for a stopping worker's requests: held long-polls end as their listener stops,
+    # so a restart takes a moment, not the longest wait.
+    graceful = signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum: int, frame: Any) -> None:
+        for _, stop in _background:
+            stop.set()
+        if callable(graceful):
+            graceful(signum, frame)
+
+    signal.signal(signal.SIGTERM, on_term)
 
 
 def _stop_background(server: Any, worker: Any) -> None:
