@@ -30,6 +30,9 @@ CHANNEL = "fleetshard_shards"
 # NOTIFY payloads are limited to 8000 bytes; a datagram to a little more than that is always sent whole.
 MAX_PAYLOAD = 7000
 LISTEN_POLL_S = 1.0
+# A shard needs one wait at a time; a few allow for retries racing their originals. More from one token
+# (a hostile or broken shard) would take other shards' places.
+MAX_WAITS_PER_SHARD = 4
 RECONNECT_S = 2.0
 
 
@@ -111,6 +114,8 @@ class NewsBoard:
                     return True
             if self._held >= self.max_waits:
                 raise TooManyWaits(f"this master process already holds {self._held} waits")
+            if len(self._waiters.get(shard_id, ())) >= MAX_WAITS_PER_SHARD:
+                raise TooManyWaits(f"this master process already holds {MAX_WAITS_PER_SHARD} waits of this shard")
             self._held += 1
             self._waiters.setdefault(shard_id, set()).add(event)
         try:

@@ -4,11 +4,13 @@ created at random moments within a second, and the master hears of their ends wi
 import statistics
 import threading
 import time
+import uuid
 from datetime import UTC, datetime
 
 import pytest
+import requests
 
-from tests.shard.fleet import new_shard, sql
+from tests.shard.fleet import new_shard, sql, submit
 from tests.support import serve_master, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -96,3 +98,70 @@ for n in range({JOBS}):
     assert max(starts) < 2.0
     assert statistics.median(seen) < 1.0
     assert max(seen) < 2.0
+
+
+WAITING_SHARDS = 30
+
+
+def test_held_waits_take_no_place_of_heartbeats_and_end_on_their_own_news(master_server):
+    """90 waits held by a master with 4 working threads per worker: a heartbeat still answers at once,
+    and a job for one shard ends that shard's waits only."""
+    tag = uuid.uuid4().hex[:6]
+    made = master_server.shell(
+        f"""
+from master import services
+result = []
+for n in range({WAITING_SHARDS}):
+    label = "wait{tag}:%d" % n
+    services.create_labels([label], acting_user=None)
+    shard, token = services.create_shard("wait{tag}-%d.lab" % n, [label], acting_user=None)
+    services.create_hosts(["wait{tag}-%d-h" % n], acting_user=None, labels=[label])
+    result.append([shard.hostname, token, label])
+"""
+    )
+    time.sleep(1.0)  # the shards' own creation is news; let it age
+    answers: dict[int, list[tuple[bool | None, float]]] = {n: [] for n in range(WAITING_SHARDS)}
+
+    def wait(n: int) -> None:
+        try:
+            resp = requests.get(
+                master_server.url + "/api/v1/heartbeat/wait",
+                params={"timeout": "15"},
+                headers={"Authorization": f"Bearer {made[n][1]}"},
+                timeout=40,
+            )
+            answers[n].append((resp.json().get("news") if resp.status_code == 200 else None, time.monotonic()))
+        except requests.RequestException:
+            answers[n].append((None, time.monotonic()))
+
+    threads = [threading.Thread(target=wait, args=(n,)) for n in range(WAITING_SHARDS) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    time.sleep(2.0)
+    assert not any(answers.values()), answers  # all held
+    hostname, token, label = made[0]
+    began = time.monotonic()
+    resp = requests.post(
+        master_server.url + "/api/v1/heartbeat",
+        json={
+            "protocol": 1,
+            "shard": hostname,
+            "instance": str(uuid.uuid4()),
+            "client_version": "t",
+            "known_hosts": [],
+            "known_jobs": [],
+            "updates": [],
+        },
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=10,
+    )
+    assert resp.status_code == 200 and len(resp.json()["hosts"]) == 1
+    assert time.monotonic() - began < 2.0
+    created = time.monotonic()
+    submit(master_server, [{"name": "news", "command": "true", "meta_hosts": [[made[1][2], 1]]}])
+    wait_until(lambda: len(answers[1]) == 3, timeout=20, what="shard 1's waits to end")
+    assert all(news is True and at - created < 10 for news, at in answers[1])
+    assert all(not answers[n] for n in range(2, WAITING_SHARDS))  # the others are still held
+    for thread in threads:
+        thread.join(30)
+    assert all(news is False for n in range(2, WAITING_SHARDS) for news, _ in answers[n])

@@ -84,6 +84,19 @@ def test_a_board_holds_at_most_its_waits():
         assert result == [True]
 
 
+def test_one_shard_cannot_take_every_wait_of_a_process():
+    board = listening_board(max_waits=100)
+    threads = [wait_in_thread(board.wait, 1, None, 10.0) for _ in range(4)]
+    time.sleep(0.1)
+    with pytest.raises(TooManyWaits, match="of this shard"):
+        board.wait(1, None, 1.0)
+    assert board.wait(2, None, 0.0) is False
+    board.publish([1])
+    for thread, result in threads:
+        thread.join(5)
+        assert result == [True]
+
+
 def test_payloads_stay_under_the_notify_limit_and_decode_ignores_garbage():
     payloads = encode(range(1, 5000))
     assert all(len(p) <= 7000 for p in payloads) and len(payloads) > 1
