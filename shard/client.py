@@ -34,6 +34,8 @@ COALESCE_S = 0.05
 MIN_NUDGED_GAP_S = 0.25
 # How long the master holds a wait; the read timeout allows for it.
 WAIT_S = 30.0
+# The shortest round of the long-poll loop without news.
+MIN_WAIT_CYCLE_S = 1.0
 # How often the loops look at their stop event while nothing wakes them.
 STOP_CHECK_S = 0.5
 
@@ -181,9 +183,14 @@ class HeartbeatClient:
             while not stop.is_set():
                 with self._beat:
                     beats = self._beats
+                asked = time.monotonic()
                 news = self.wait_for_news(session)
                 if stop.is_set():
                     return
+                if news is False:
+                    # A master that answers at once without news must not spin this loop.
+                    stop.wait(MIN_WAIT_CYCLE_S - (time.monotonic() - asked))
+                    continue
                 if news is None:
                     stop.wait(jittered(self.interval))
                     continue

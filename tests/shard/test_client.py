@@ -263,3 +263,35 @@ def test_the_long_poll_ends_with_news_once_a_job_is_created_for_this_shard(trans
     thread.join(40)
     assert answers and answers[0][0] is True
     assert answers[0][1] - created < 10  # the shell's own start-up is most of it
+
+
+def test_a_master_answering_every_wait_at_once_cannot_spin_the_shard():
+    """A master (or something posing as one) that never holds the wait gets at most one a second."""
+    import http.server
+
+    asked: list[float] = []
+
+    class Instant(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(time.monotonic())
+            body = b'{"news": false}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Instant)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    client = HeartbeatClient(f"http://127.0.0.1:{server.server_address[1]}", "lab", "fs_token")
+    stop = threading.Event()
+    watcher = threading.Thread(target=client.watch, args=(stop,))
+    watcher.start()
+    time.sleep(2.5)
+    stop.set()
+    watcher.join(5)
+    server.shutdown()
+    assert 2 <= len(asked) <= 4
+    assert not client.nudge.is_set()
