@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
+from django.core.signals import request_finished
 from django.db import connections
 from django.http import HttpRequest, HttpResponse
 
@@ -35,6 +36,15 @@ def limit_work(slots: int) -> None:
             wrappers[alias] = wrapper
         pool.put(wrappers)
     _slots = pool
+    request_finished.connect(_close_own_connections, dispatch_uid="common.admission")
+
+
+def _close_own_connections(**kwargs: Any) -> None:
+    """A streamed response runs after its slot: what it opened in this thread closes with the response."""
+    if _slots is None:
+        return
+    for own in connections.all(initialized_only=True):
+        own.close()
 
 
 @contextmanager

@@ -34,6 +34,7 @@ LISTEN_POLL_S = 1.0
 # (a hostile or broken shard) would take other shards' places.
 MAX_WAITS_PER_SHARD = 4
 RECONNECT_S = 2.0
+MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the final NUL
 
 
 class NewsUnavailable(Exception):
@@ -184,6 +185,8 @@ class Listener:
         directory = socket_dir()
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         path = directory / f"{os.getpid()}.sock"
+        if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+            raise OSError(f"{path} is too long for a Unix socket; a shorter FLEETSHARD_DATA_DIR would do")
         path.unlink(missing_ok=True)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:

@@ -21,7 +21,7 @@ def two_slots(transactional_db):
 
 
 def test_many_threads_work_two_at_a_time_on_the_two_connections_the_slots_lend(two_slots):
-    busy, most, seen = 0, 0, set()
+    busy, most, seen, own = 0, 0, set(), []
     lock = threading.Lock()
 
     def work() -> None:
@@ -37,7 +37,8 @@ def test_many_threads_work_two_at_a_time_on_the_two_connections_the_slots_lend(t
             with lock:
                 busy -= 1
         # Outside a slot the thread holds no connection of its own.
-        assert not connection.connection
+        if connection.connection is not None:
+            own.append(threading.get_ident())
 
     threads = [threading.Thread(target=work) for _ in range(20)]
     for thread in threads:
@@ -46,6 +47,7 @@ def test_many_threads_work_two_at_a_time_on_the_two_connections_the_slots_lend(t
         thread.join(10)
     assert most == 2
     assert len(seen) == 2
+    assert own == []
 
 
 def test_a_request_through_the_middleware_works_in_a_slot(two_slots, client):
@@ -53,3 +55,21 @@ def test_a_request_through_the_middleware_works_in_a_slot(two_slots, client):
     assert resp.status_code == 401  # a waiting path: the view takes its slot itself
     assert client.get("/metrics").status_code in (401, 403)
     assert admission._slots is not None and admission._slots.qsize() == 2
+
+
+def test_what_a_streamed_response_opens_after_its_slot_closes_with_it(two_slots):
+    from django.core.signals import request_finished
+
+    opened: list[bool] = []
+
+    def after_the_slot() -> None:
+        with connection.cursor() as cur:
+            cur.execute("SELECT 1")
+        opened.append(connection.connection is not None)
+        request_finished.send(sender=None)
+        opened.append(connection.connection is not None)
+
+    thread = threading.Thread(target=after_the_slot)
+    thread.start()
+    thread.join(10)
+    assert opened == [True, False]
