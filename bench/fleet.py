@@ -171,10 +171,10 @@ class Fleet:
     def error(self, what: str) -> None:
         self.errors[what] = self.errors.get(what, 0) + 1
 
-    async def heartbeat(self, conn: Connection, shard: SimShard) -> float:
+    async def heartbeat(self, conn: Connection, shard: SimShard, timeout: float = 120) -> float:
         self.last_sent[shard.hostname] = time.monotonic()
         began = time.perf_counter()
-        status, data = await conn.request("POST", "/api/v1/heartbeat", shard.token, shard.body())
+        status, data = await conn.request("POST", "/api/v1/heartbeat", shard.token, shard.body(), timeout)
         took = time.perf_counter() - began
         if status != 200:
             raise HTTPError(f"heartbeat {status}: {data[:200]!r}")
@@ -184,7 +184,7 @@ class Fleet:
     async def cold_sync(self, shard: SimShard) -> None:
         conn = Connection(self.host, self.port)
         try:
-            while await self.heartbeat(conn, shard) < 0:
+            while await self.heartbeat(conn, shard, timeout=900) < 0:
                 pass
         finally:
             await conn.close()
