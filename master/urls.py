@@ -5,7 +5,7 @@ from common.health import healthz, readyz
 from master.metrics import MetricsView
 from master.overview import fleet_overview
 from master.results import charts
-from master.views import heartbeat
+from master.views import heartbeat, heartbeat_wait
 
 urlpatterns = [
     path("admin/fleet/", admin.site.admin_view(fleet_overview), name="fleet-overview"),
@@ -13,6 +13,7 @@ urlpatterns = [
     path("admin/benchmarks/entries/", admin.site.admin_view(charts.entries_page), name="benchmarks-entries"),
     path("admin/benchmarks/chart/", admin.site.admin_view(charts.chart_page), name="benchmarks-chart"),
     path("api/v1/heartbeat", heartbeat, name="heartbeat"),
+    path("api/v1/heartbeat/wait", heartbeat_wait, name="heartbeat-wait"),
     path("api/v1/", include("master.api.urls")),
     path("admin/", admin.site.urls),
     path("metrics", MetricsView.as_view(), name="metrics"),

@@ -1,16 +1,22 @@
-"""The heartbeat endpoint: authenticate, parse, hand to master.heartbeat, render. Errors change nothing."""
+"""The heartbeat endpoint and its long-poll: authenticate, parse, hand to master.heartbeat or
+master.notifier, render. Errors change nothing."""
 
 import logging
+import math
 
+from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.db import Error as DatabaseFailure
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_POST
 
+from common.admission import work_slot
 from common.wire import HeartbeatRequest, ProtocolMismatch, WireError, error_body, loads
 from master.auth import bearer_token
 from master.heartbeat import InstanceConflict, process_heartbeat
+from master.models import Token
+from master.notifier import NewsUnavailable, TooManyWaits, wait_for_news
 from master.tokens import find_token, touch
 
 log = logging.getLogger(__name__)
@@ -65,3 +71,60 @@ def heartbeat(request: HttpRequest) -> JsonResponse:
     except DatabaseFailure as exc:
         return _unavailable(exc)
     return JsonResponse(response.to_wire())
+
+
+DEFAULT_WAIT_S = 30.0
+MAX_SINCE_S = 86400.0
+
+
+def _seconds(request: HttpRequest, name: str, default: float | None, maximum: float) -> float | None:
+    raw = request.GET.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw[:32])
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or not 0 <= value <= maximum:
+        raise ValueError(f"{name} must be a number of seconds from 0 to {maximum:g}, not {raw[:32]!r}")
+    return value
+
+
+def _shard_token(request: HttpRequest) -> Token | JsonResponse:
+    raw_token = bearer_token(request.headers.get("Authorization", ""))
+    if raw_token is None:
+        return _error(401, "missing shard token: send 'Authorization: Bearer <shard token>'", "Authorization")
+    try:
+        with work_slot():
+            token = find_token(raw_token)
+            if token is not None:
+                touch(token)
+    except DatabaseFailure as exc:
+        return _unavailable(exc)
+    if token is None:
+        return _error(401, "unknown or revoked shard token", "Authorization")
+    if token.shard is None:
+        return _error(403, "a personal token cannot wait for a shard's news; use the shard's token", "Authorization")
+    return token
+
+
+@require_GET
+def heartbeat_wait(request: HttpRequest) -> JsonResponse:
+    """Held until the token's shard has news or `timeout` seconds pass (docs/protocol.md, "Waiting for
+    news"); `since` says how long ago the shard sent its last heartbeat, so news since then ends it at once.
+    Holds no database connection while it waits."""
+    try:
+        since_s = _seconds(request, "since", None, MAX_SINCE_S)
+        timeout_s = _seconds(request, "timeout", DEFAULT_WAIT_S, settings.FLEETSHARD_LONGPOLL_MAX_S)
+    except ValueError as exc:
+        field = "since" if str(exc).startswith("since") else "timeout"
+        return _error(400, f"invalid wait: {exc}", field)
+    token = _shard_token(request)
+    if isinstance(token, JsonResponse):
+        return token
+    assert token.shard is not None and timeout_s is not None
+    try:
+        news = wait_for_news(token.shard.id, since_s, timeout_s)
+    except (NewsUnavailable, TooManyWaits) as exc:
+        return _error(503, f"{exc}; heartbeat at the interval", None)
+    return JsonResponse({"news": news})

@@ -1,8 +1,15 @@
-"""The shard's heartbeat client: send what the shard knows and has done, apply what the master answers."""
+"""The shard's heartbeat client: send what the shard knows and has done, apply what the master answers.
+
+Between heartbeats a second thread long-polls the master (docs/protocol.md, "Waiting for news"); news
+for this shard, or a run that started or ended here (`nudge`), cuts the wait short, so the master's
+changes reach the shard and the shard's reach the master in well under a second, not an interval.
+"""
 
 import logging
 import random
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import requests
@@ -21,6 +28,16 @@ log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 60.0
 MIN_INTERVAL_S = 0.1
+# A burst of changes (runs starting or ending together, news) makes one heartbeat: after the first
+# the client waits this long, and heartbeats woken early are at least MIN_NUDGED_GAP_S apart.
+COALESCE_S = 0.05
+MIN_NUDGED_GAP_S = 0.25
+# How long the master holds a wait; the read timeout allows for it.
+WAIT_S = 30.0
+# The shortest round of the long-poll loop without news.
+MIN_WAIT_CYCLE_S = 1.0
+# How often the loops look at their stop event while nothing wakes them.
+STOP_CHECK_S = 0.5
 
 
 class HeartbeatFailed(Exception):
@@ -73,6 +90,15 @@ class HeartbeatClient:
         self.session = master_session(token)
         # Heartbeats that did not go through since this process started (the shard's /metrics).
         self.failures_total = 0
+        self.wait_url = self.url + "/wait"
+        # Set to heartbeat now: news from the master, or a run that started or ended here.
+        self.nudge = threading.Event()
+        # When the last heartbeat was sent (monotonic), and how many were: the long-poll says how
+        # long ago, and waits for the next heartbeat after news before it asks again.
+        self._beat = threading.Condition()
+        self._last_sent: float | None = None
+        self._beats = 0
+        self._watcher: threading.Thread | None = None
 
     def build_request(self) -> dict[str, Any]:
         if self.instance is None:
@@ -88,6 +114,8 @@ class HeartbeatClient:
         }
 
     def exchange(self, body: dict[str, Any]) -> HeartbeatResponse:
+        with self._beat:
+            self._last_sent = time.monotonic()
         try:
             resp = self.session.post(self.url, json=body, timeout=self.timeout)
         except requests.RequestException as exc:
@@ -115,10 +143,75 @@ class HeartbeatClient:
         # A master (or something posing as one) cannot spin the shard in a tight loop.
         self.interval = max(MIN_INTERVAL_S, float(response.heartbeat_interval_s or self.interval))
         self.accepted.set()
+        with self._beat:
+            self._beats += 1
+            self._beat.notify_all()
         return response, result
 
-    def run(self, stop: threading.Event) -> None:
-        """Heartbeats until `stop` is set; raises ProtocolRefused, which no retry can fix."""
+    def pause(self, stop: threading.Event, delay: float) -> None:
+        """Waits `delay` seconds, or less once nudged; then a short while more so a burst is one heartbeat."""
+        deadline = time.monotonic() + delay
+        while not stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if self.nudge.wait(min(left, STOP_CHECK_S)):
+                self.nudge.clear()
+                since = time.monotonic() - (self._last_sent or 0.0)
+                stop.wait(max(COALESCE_S, MIN_NUDGED_GAP_S - since))
+                self.nudge.clear()
+                return
+
+    def wait_for_news(self, session: requests.Session) -> bool | None:
+        """One long-poll: True on news, False when the master's wait ended without; None when the master
+        cannot hold waits (an older master, a 503): then the interval alone paces the heartbeats."""
+        with self._beat:
+            since = None if self._last_sent is None else max(0.0, time.monotonic() - self._last_sent)
+        params = {"timeout": f"{WAIT_S:g}"}
+        if since is not None:
+            params["since"] = f"{since:.3f}"
+        try:
+            resp = session.get(self.wait_url, params=params, timeout=(5.0, WAIT_S + 15.0))
+            news = resp.json().get("news") if resp.status_code == 200 else None
+        except (requests.RequestException, ValueError, AttributeError):
+            return None
+        return news if isinstance(news, bool) else None
+
+    def watch(self, stop: threading.Event) -> None:
+        """Long-polls until `stop`; nudges the heartbeat on news. A master that cannot hold waits is
+        asked again only after an interval, so a shard never hammers it."""
+        session = master_session(self.token)
+        try:
+            while not stop.is_set():
+                with self._beat:
+                    beats = self._beats
+                asked = time.monotonic()
+                news = self.wait_for_news(session)
+                if stop.is_set():
+                    return
+                if news is False:
+                    # A master that answers at once without news must not spin this loop.
+                    stop.wait(MIN_WAIT_CYCLE_S - (time.monotonic() - asked))
+                    continue
+                if news is None:
+                    stop.wait(jittered(self.interval))
+                    continue
+                if news:
+                    self.nudge.set()
+                    # The news is the master's until a heartbeat fetched it: ask again only after one.
+                    deadline = time.monotonic() + self.interval * 2
+                    with self._beat:
+                        while self._beats == beats and not stop.is_set() and time.monotonic() < deadline:
+                            self._beat.wait(STOP_CHECK_S)
+        finally:
+            session.close()
+
+    def run(self, stop: threading.Event, on_ingest: Callable[[], None] | None = None) -> None:
+        """Heartbeats until `stop` is set, long-polling between heartbeats; raises ProtocolRefused, which
+        no retry can fix. `on_ingest` is called when an answer brought jobs or hosts."""
+        if self._watcher is None or not self._watcher.is_alive():
+            self._watcher = threading.Thread(target=self.watch, args=(stop,), name="heartbeat-wait", daemon=True)
+            self._watcher.start()
         failures = 0
         while not stop.is_set():
             # A connection broken by a database restart is dropped here and reopened by the next query.
@@ -137,7 +230,12 @@ class HeartbeatClient:
                 delay = 0.0 if response.more else jittered(self.interval)
                 if result.jobs or result.hosts or result.removed_hosts or result.rejected:
                     log.info("heartbeat: %s", result)
-            stop.wait(delay)
+                if on_ingest is not None and (result.jobs or result.hosts or result.removed_hosts):
+                    on_ingest()
+            if failures:
+                stop.wait(delay)
+            else:
+                self.pause(stop, delay)
 
 
 def field_of(resp: requests.Response) -> object:

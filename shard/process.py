@@ -111,6 +111,7 @@ class ShardProcess:
         # Nothing of ours may outlive us, and our empty cgroups go too.
         self.scheduler.executor.kill_runner(self.scheduler.runner_id)
         self.heartbeat_stop.set()
+        self.client.nudge.set()
         for thread in (self._uploads, self._log_shipping):
             if thread is not None:
                 thread.join(timeout=2 if self.at_once.is_set() else self.client.timeout[1] + 10)
@@ -130,7 +131,7 @@ class ShardProcess:
         try:
             while not self.heartbeat_stop.is_set():
                 try:
-                    self.client.run(self.heartbeat_stop)
+                    self.client.run(self.heartbeat_stop, on_ingest=self.wake.set)
                 except ProtocolRefused as exc:
                     self.fatal = str(exc)
                     self.stop_at_once()
@@ -173,7 +174,11 @@ class ShardProcess:
             try:
                 # A connection broken by a database restart is dropped here and reopened by the next query.
                 close_old_connections()
+                runs = set(self.scheduler.runs)
                 self.scheduler.tick(start_new=not self.draining.is_set())
+                if set(self.scheduler.runs) != runs:
+                    # A run started or ended: the master hears of it now, not at the next interval.
+                    self.client.nudge.set()
             except Exception:
                 # Keep watching the runs already started rather than leave them unattended.
                 log.exception("scheduler tick failed; retrying")

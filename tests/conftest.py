@@ -68,6 +68,12 @@ def fleet(db: None) -> Fleet:
     return Fleet()
 
 
+@pytest.fixture
+def fleet_committed(transactional_db: None) -> Fleet:
+    """The default world, committed: for what happens once a change commits (notifications)."""
+    return Fleet()
+
+
 class Heartbeat:
     """Posts heartbeats to the master's endpoint the way a shard client would."""
 
@@ -109,3 +115,14 @@ def heartbeat(client: Client) -> Heartbeat:
 @pytest.fixture
 def db_vendor() -> str:
     return connection.vendor
+
+
+@pytest.fixture(scope="session")
+def news_listener(django_db_setup: None, django_db_blocker: Any) -> Any:
+    """This process's change listener, stopped before the test database is dropped."""
+    from master.notifier import news_board, stop_listener
+
+    with django_db_blocker.unblock():
+        board = news_board()
+        yield board
+        stop_listener()

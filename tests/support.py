@@ -160,9 +160,14 @@ class Master:
 @pytest.fixture(scope="session")
 def master_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Master]:
     """A real master (`manage.py serve`, gunicorn) on its own fresh database, shared by a session's tests."""
+    yield from serve_master(tmp_path_factory)
+
+
+def serve_master(tmp_path_factory: pytest.TempPathFactory, **extra_env: str) -> Iterator[Master]:
+    """Starts a master with `extra_env` on a fresh database, yields it, then stops it and drops the database."""
     data_dir = tmp_path_factory.mktemp("master")
     url = fresh_database_url(data_dir, "master")
-    role = Role("master", url, data_dir)
+    role = Role("master", url, data_dir, extra_env)
     role.manage("migrate", "--noinput")
     port = free_port()
     proc = role.start("serve", "--bind", f"127.0.0.1:{port}", "--workers", "2", log_name="master.log")

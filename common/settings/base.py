@@ -79,6 +79,7 @@ DJANGO_APPS = [
 ]
 
 MIDDLEWARE = [
+    "common.admission.AdmissionMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -68,12 +68,18 @@ FLEETSHARD_PUBLIC_API_DOCS = os.environ.get("FLEETSHARD_PUBLIC_API_DOCS", "") ==
 FLEETSHARD_MAX_HQES_PER_JOB = int(os.environ.get("FLEETSHARD_MAX_HQES_PER_JOB", "500"))  # a job's bound
 
 # What each `serve` worker runs beside requests: the regression detector, unless this master runs
-# `manage.py detect_regressions` on its own (FLEETSHARD_DETECT_IN_SERVE=0).
-FLEETSHARD_SERVE_BACKGROUND = (
+# `manage.py detect_regressions` on its own (FLEETSHARD_DETECT_IN_SERVE=0),
+# and the listener that hears of changes for waiting shards (master/notifier.py).
+FLEETSHARD_SERVE_BACKGROUND = ["master.notifier.start_listener"] + (
     ["master.results.detection.start_detector_thread"]
     if os.environ.get("FLEETSHARD_DETECT_IN_SERVE", "1") != "0"
     else []
 )
+
+# Long-polls (GET /api/v1/heartbeat/wait): how many one process holds at once (`serve --waits` sets it
+# to the threads it gives them), and how long one is held at most.
+FLEETSHARD_LONGPOLL_MAX_WAITS = int(os.environ.get("FLEETSHARD_LONGPOLL_MAX_WAITS", "1000"))
+FLEETSHARD_LONGPOLL_MAX_S = 60.0
 
 # The timings index covers its columns on PostgreSQL (INCLUDE); SQLite keeps a plain index, which is
 # all it can do, so its warning says nothing an operator could act on.

@@ -10,6 +10,7 @@ from common.errors import FleetshardError, Refused
 from common.models import Host, HostQueueEntry
 from master.assignment import shard_for_labels
 from master.audit import ActingUser, record
+from master.notifier import shards_changed
 from master.services.shared import (
     check_names,
     check_new_names,
@@ -51,6 +52,7 @@ def create_hosts(
         )
         host.labels.set(label_objs)
     hosts = get_hosts(hostnames)
+    shards_changed(h.shard_id for h in hosts)
     record(
         "host.create",
         acting_user=acting_user,
@@ -73,6 +75,7 @@ def delete_hosts(hostnames: Sequence[str], *, acting_user: ActingUser) -> None:
         host, job = busy[0]
         raise Refused(f"host {host} has active job {job}; abort it first", field="hosts")
     record("host.delete", acting_user=acting_user, targets=hosts)
+    shards_changed(h.shard_id for h in hosts)
     Host.objects.filter(id__in=[h.id for h in hosts]).delete()
 
 
@@ -82,6 +85,7 @@ def lock_hosts(hostnames: Sequence[str], reason: str = "", *, acting_user: Actin
     hosts = get_hosts(check_names("host", hostnames), lock=True)
     Host.objects.filter(id__in=[h.id for h in hosts]).update(locked=True, lock_reason=reason, version=F("version") + 1)
     record("host.lock", acting_user=acting_user, targets=hosts, reason=reason)
+    shards_changed(h.shard_id for h in hosts)
     return get_hosts(hostnames)
 
 
@@ -90,4 +94,5 @@ def unlock_hosts(hostnames: Sequence[str], *, acting_user: ActingUser) -> list[H
     hosts = get_hosts(check_names("host", hostnames), lock=True)
     Host.objects.filter(id__in=[h.id for h in hosts]).update(locked=False, lock_reason="", version=F("version") + 1)
     record("host.unlock", acting_user=acting_user, targets=hosts)
+    shards_changed(h.shard_id for h in hosts)
     return get_hosts(hostnames)

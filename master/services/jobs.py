@@ -18,6 +18,7 @@ from common.errors import FleetshardError, NotFound, Refused
 from common.models import HostQueueEntry, Job
 from master.assignment import HQESpec, check_capacity, route_job
 from master.audit import ActingUser, record
+from master.notifier import shards_changed
 from master.services.shared import INT32_MAX, check_names, check_string_map, check_text, get_hosts, get_labels
 
 
@@ -139,6 +140,7 @@ def create_job(req: JobRequest, *, acting_user: ActingUser) -> Job:
     HostQueueEntry.objects.bulk_create(
         [HostQueueEntry(job=job, host=spec.host, meta_host=spec.meta_host) for spec in specs]
     )
+    shards_changed([shard.id])
     record(
         "job.create",
         acting_user=acting_user,
@@ -168,5 +170,6 @@ def abort_jobs(job_ids: Sequence[int], *, acting_user: ActingUser) -> list[Job]:
     if finished:
         raise Refused(f"job{'s' if len(finished) > 1 else ''} {', '.join(finished)} already finished", field="ids")
     Job.objects.filter(id__in=ids, aborted=False).update(aborted=True, version=F("version") + 1)
+    shards_changed(jobs[i].shard_id for i in ids)
     record("job.abort", acting_user=acting_user, targets=[jobs[i] for i in ids])
     return list(Job.objects.filter(id__in=ids).order_by("id"))

@@ -12,6 +12,7 @@ from common.errors import FleetshardError, Refused
 from common.jobstatus import refresh_job_statuses
 from common.models import Host, HostQueueEntry, Job, Label, Shard
 from master.audit import ActingUser, moves_detail, record
+from master.notifier import shards_changed
 from master.services.shared import HostMove, check_names, check_new_names, get_labels, get_shard, reassign
 from master.tokens import issue_token
 
@@ -126,6 +127,7 @@ def delete_shards(hostnames: Sequence[str], *, acting_user: ActingUser) -> Shard
         Host.objects.filter(shard=shard).update(shard=None, version=F("version") + 1)
     moves.sort(key=lambda m: m.hostname)
     aborted.sort()
+    shards_changed(shard.id for shard in shards)
     record(
         "shard.delete",
         acting_user=acting_user,

@@ -13,6 +13,7 @@ from django.db.models import F
 from common.errors import FleetshardError, NotFound
 from common.models import Host, Label, Shard
 from master.assignment import shard_for_labels
+from master.notifier import shards_changed
 
 # Names of hosts, labels and shards end up in URL paths, shell environments, file names, log lines
 # and the admin: plain ASCII without separators or '..' keeps them meaning only themselves there.
@@ -168,6 +169,7 @@ def reassign(hosts: Iterable[Host]) -> list[HostMove]:
     moves = []
     for shard_id, group in moving.items():
         Host.objects.filter(id__in=[h.id for h in group]).update(shard_id=shard_id, version=F("version") + 1)
+        shards_changed([shard_id, *(h.shard_id for h in group)])
         for host in group:
             moves.append(HostMove(host.hostname, names.get(host.shard_id), getattr(after[host.id], "hostname", None)))
             host.shard = after[host.id]
@@ -175,4 +177,6 @@ def reassign(hosts: Iterable[Host]) -> list[HostMove]:
 
 
 def bump_hosts(hosts: Iterable[Host]) -> None:
+    hosts = list(hosts)
     Host.objects.filter(id__in=[h.id for h in hosts]).update(version=F("version") + 1)
+    shards_changed(h.shard_id for h in hosts)

@@ -60,3 +60,11 @@ def test_debug_is_off_by_default(role, tmp_path):
         "from django.conf import settings\nresult = [settings.DEBUG, settings.ROLE]"
     )
     assert result == [False, role]
+
+
+@pytest.mark.parametrize(("option", "value"), [("--threads", "0"), ("--workers", "0"), ("--waits", "-1")])
+def test_serve_refuses_a_pool_it_cannot_run(db, option, value):
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match=f"{option} must be at least"):
+        call_command("serve", option, value)

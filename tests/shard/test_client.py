@@ -5,6 +5,7 @@ The test database is the shard's; the master runs under gunicorn on its own data
 
 import dataclasses
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -215,3 +216,82 @@ def test_a_tiny_interval_from_the_master_is_floored(transactional_db, master_ser
     monkeypatch.setattr(client, "exchange", tiny)
     client.tick()
     assert client.interval == client_module.MIN_INTERVAL_S
+
+
+def test_a_nudge_cuts_the_wait_between_heartbeats_short_and_a_burst_makes_one_heartbeat():
+    client = HeartbeatClient("http://127.0.0.1:9", "lab", "fs_token")
+    stop = threading.Event()
+    timer = threading.Timer(0.2, client.nudge.set)
+    timer.start()
+    began = time.monotonic()
+    client.pause(stop, 10.0)
+    took = time.monotonic() - began
+    assert 0.2 <= took < 2.0
+    assert not client.nudge.is_set()  # the burst's nudges were taken by this one wait
+
+
+def test_a_stopped_client_stops_waiting():
+    client = HeartbeatClient("http://127.0.0.1:9", "lab", "fs_token")
+    stop = threading.Event()
+    threading.Timer(0.1, stop.set).start()
+    began = time.monotonic()
+    client.pause(stop, 30.0)
+    assert time.monotonic() - began < 2.0
+
+
+def test_a_master_that_cannot_hold_waits_leaves_the_interval_in_charge():
+    """Nothing listens there: no news either way, and the watcher falls back to the interval."""
+    client = HeartbeatClient(f"http://127.0.0.1:{free_port()}", "lab", "fs_token")
+    session = client_module.master_session("fs_token")
+    assert client.wait_for_news(session) is None
+
+
+def test_the_long_poll_ends_with_news_once_a_job_is_created_for_this_shard(transactional_db, master_server, world):
+    client = client_for(master_server, world)
+    client.tick()
+    session = client_module.master_session(world["token"])
+    answers: list[object] = []
+    thread = threading.Thread(target=lambda: answers.append((client.wait_for_news(session), time.monotonic())))
+    thread.start()
+    time.sleep(0.5)
+    created = time.monotonic()
+    master_server.shell(
+        "from master import services\n"
+        f"job = services.create_job(services.JobRequest(name='news', owner='ana', command='true',"
+        f" meta_hosts=[('{world['label']}', 1)]), acting_user=None)\nresult = job.id"
+    )
+    thread.join(40)
+    assert answers and answers[0][0] is True
+    assert answers[0][1] - created < 10  # the shell's own start-up is most of it
+
+
+def test_a_master_answering_every_wait_at_once_cannot_spin_the_shard():
+    """A master (or something posing as one) that never holds the wait gets at most one a second."""
+    import http.server
+
+    asked: list[float] = []
+
+    class Instant(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(time.monotonic())
+            body = b'{"news": false}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Instant)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    client = HeartbeatClient(f"http://127.0.0.1:{server.server_address[1]}", "lab", "fs_token")
+    stop = threading.Event()
+    watcher = threading.Thread(target=client.watch, args=(stop,))
+    watcher.start()
+    time.sleep(2.5)
+    stop.set()
+    watcher.join(5)
+    server.shutdown()
+    assert 2 <= len(asked) <= 4
+    assert not client.nudge.is_set()

@@ -1,8 +1,14 @@
 """Serves this role over HTTP with gunicorn, the production WSGI server: the master, or a shard's own admin
-(in common, so both roles have it)."""
+(in common, so both roles have it).
+
+gunicorn's threaded workers get `--threads` threads that work and `--waits` more that only hold
+long-polls (common/admission.py): thousands of waiting shards cost threads blocked on one event each,
+not database connections, and never take the place of a heartbeat.
+"""
 
 import logging
 import os
+import signal
 import sys
 import threading
 from typing import Any
@@ -12,6 +18,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.module_loading import import_string
 from gunicorn.app.base import BaseApplication
 
+from common.admission import limit_work
 from common.schema import check_migrated
 from common.wsgi import application
 
@@ -33,14 +40,27 @@ class _Gunicorn(BaseApplication):
 
 # The worker's background threads and their stop events (settings.FLEETSHARD_SERVE_BACKGROUND).
 _background: list[tuple[threading.Thread, threading.Event]] = []
+_work_threads = 4
 STOP_WAIT_S = 10.0
 
 
 def _start_background(worker: Any) -> None:
     """Starts the role's background threads in each worker, after the fork: threads do not survive
     a fork, and a database connection opened before it would be shared by two processes."""
+    limit_work(_work_threads)
     for path in settings.FLEETSHARD_SERVE_BACKGROUND:
         _background.append(import_string(path)())
+    # gunicorn waits for a stopping worker's requests: held long-polls end as their listener stops,
+    # so a restart takes a moment, not the longest wait.
+    graceful = signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum: int, frame: Any) -> None:
+        for _, stop in _background:
+            stop.set()
+        if callable(graceful):
+            graceful(signum, frame)
+
+    signal.signal(signal.SIGTERM, on_term)
 
 
 def _stop_background(server: Any, worker: Any) -> None:
@@ -82,14 +102,23 @@ class Command(BaseCommand):
         parser.add_argument(
             "--threads", type=int, default=None, help="threads per process [env FLEETSHARD_SERVE_THREADS; 4]"
         )
+        parser.add_argument(
+            "--waits", type=int, default=1000, help="long-polls each worker holds at once, beside --threads"
+        )
         parser.add_argument("--timeout", type=int, default=60)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        global _work_threads
         workers = options["workers"] if options["workers"] is not None else default_workers()
         threads = options["threads"] if options["threads"] is not None else default_threads()
-        if workers < 1 or threads < 1:
-            raise CommandError("--workers and --threads must be at least 1")
+        for name, value in (("workers", workers), ("threads", threads)):
+            if value < 1:
+                raise CommandError(f"--{name} must be at least 1")
+        if options["waits"] < 0:
+            raise CommandError("--waits must be at least 0")
         check_migrated()
+        _work_threads = threads
+        settings.FLEETSHARD_LONGPOLL_MAX_WAITS = options["waits"]
         json_logs = settings.LOG_FORMAT == "json"
         if settings.SECRET_KEY == settings.DEV_SECRET_KEY:
             msg = "WARNING: SECRET_KEY is not set; using the development key. Never do this in production."
@@ -99,7 +128,10 @@ class Command(BaseCommand):
         gunicorn_options: dict[str, Any] = {
             "bind": options["bind"],
             "workers": workers,
-            "threads": threads,
+            "worker_class": "gthread",
+            "threads": threads + options["waits"],
+            # Each held wait is a connection; keep-alive ones come on top.
+            "worker_connections": threads + options["waits"] + 100,
             "timeout": options["timeout"],
             "accesslog": "-",
             "errorlog": "-",

@@ -1,0 +1,503 @@
+"""A fleet simulator: N shards x H hosts x J jobs speaking the real protocol over HTTP to a real master.
+
+Run: `.venv/bin/python bench/fleet.py [--shards 100] [--hosts 200] [--jobs 50] [--steady 30] [--capacity 10]`
+with DATABASE_URL naming a PostgreSQL server (any database on it; default postgres://postgres@127.0.0.1:5432/postgres).
+It creates a throwaway database, fills it (bulk inserts), starts `manage.py serve` on it, and then, from
+this one process (asyncio, a minimal HTTP/1.1 client with keep-alive), measures:
+
+1. cold sync: every shard heartbeats at once with empty lists until it holds all its hosts and jobs;
+2. steady state at the real rate: each shard heartbeats every interval (10 s, jittered, random phase)
+   with its full known lists, and holds a long-poll between heartbeats; heartbeat latency p50/p99;
+3. dispatch: jobs created on the master (through `master.services`, as the REST API does) at random
+   moments for random shards; the time until that shard's heartbeat answer carries the job;
+4. held long-polls: the fewest the fleet held at once once synced (client side), and the master's
+   database connections meanwhile;
+5. closed-loop capacity: C clients heartbeating back to back (full lists, no sleep), then the same C
+   clients sending an authenticated no-op (`GET /api/v1/heartbeat/wait?timeout=0`), in the same run.
+The database is dropped at the end.
+"""
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+DEFAULT_PG = "postgres://postgres@127.0.0.1:5432/postgres"
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+# A minimal HTTP/1.1 client: one connection, keep-alive, Content-Length or chunked bodies.
+
+
+class HTTPError(Exception):
+    pass
+
+
+class Connection:
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.reader = self.writer = None
+
+    async def request(
+        self, method: str, path: str, token: str, body: bytes = b"", timeout: float = 120
+    ) -> tuple[int, bytes]:
+        for attempt in (1, 2):
+            fresh = self.writer is None
+            if fresh:
+                self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+            try:
+                return await asyncio.wait_for(self._exchange(method, path, token, body), timeout)
+            except (ConnectionError, asyncio.IncompleteReadError, HTTPError):
+                await self.close()
+                if fresh or attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _exchange(self, method: str, path: str, token: str, body: bytes) -> tuple[int, bytes]:
+        assert self.reader is not None and self.writer is not None
+        head = (
+            f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nAuthorization: Bearer {token}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        self.writer.write(head.encode() + body)
+        await self.writer.drain()
+        status_line = await self.reader.readline()
+        if not status_line:
+            raise HTTPError("connection closed")
+        status = int(status_line.split()[1])
+        headers: dict[str, str] = {}
+        while True:
+            line = await self.reader.readline()
+            if line in (b"\r\n", b""):
+                break
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        if "content-length" in headers:
+            data = await self.reader.readexactly(int(headers["content-length"]))
+        elif headers.get("transfer-encoding", "").lower() == "chunked":
+            parts = []
+            while True:
+                size = int((await self.reader.readline()).strip(), 16)
+                if size == 0:
+                    await self.reader.readline()
+                    break
+                parts.append(await self.reader.readexactly(size))
+                await self.reader.readline()
+            data = b"".join(parts)
+        else:
+            data = await self.reader.read()
+            await self.close()
+        if headers.get("connection", "").lower() == "close":
+            await self.close()
+        return status, data
+
+
+# The simulated shard.
+
+
+@dataclass
+class SimShard:
+    hostname: str
+    token: str
+    instance: str = field(default_factory=lambda: str(uuid.uuid4()))
+    hosts: dict[int, int] = field(default_factory=dict)
+    jobs: dict[int, int] = field(default_factory=dict)
+    first_seen: dict[int, float] = field(default_factory=dict)
+
+    def body(self) -> bytes:
+        return json.dumps(
+            {
+                "protocol": 1,
+                "shard": self.hostname,
+                "instance": self.instance,
+                "client_version": "fleet-bench",
+                "known_hosts": [{"id": i, "version": v, "status": "Ready"} for i, v in self.hosts.items()],
+                "known_jobs": [{"id": i, "version": v} for i, v in self.jobs.items()],
+                "updates": [],
+            }
+        ).encode()
+
+    def ingest(self, data: bytes) -> bool:
+        answer = json.loads(data)
+        now = time.monotonic()
+        for host in answer["hosts"]:
+            self.hosts[host["id"]] = host["version"]
+        for host_id in answer["removed_host_ids"]:
+            self.hosts.pop(host_id, None)
+        for job in answer["jobs"]:
+            self.jobs[job["id"]] = job["version"]
+            self.first_seen.setdefault(job["id"], now)
+        return bool(answer["more"])
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+class Fleet:
+    def __init__(self, host: str, port: int, shards: list[SimShard], interval: float) -> None:
+        self.host, self.port, self.shards, self.interval = host, port, shards, interval
+        self.latencies: list[float] = []
+        self.waiting = 0
+        self.errors: dict[str, int] = {}
+        self.stop = asyncio.Event()
+        self.nudges: dict[str, asyncio.Event] = {s.hostname: asyncio.Event() for s in shards}
+        self.last_sent: dict[str, float] = {}
+
+    def error(self, what: str) -> None:
+        self.errors[what] = self.errors.get(what, 0) + 1
+
+    async def heartbeat(self, conn: Connection, shard: SimShard, timeout: float = 120) -> float:
+        self.last_sent[shard.hostname] = time.monotonic()
+        began = time.perf_counter()
+        status, data = await conn.request("POST", "/api/v1/heartbeat", shard.token, shard.body(), timeout)
+        took = time.perf_counter() - began
+        if status != 200:
+            raise HTTPError(f"heartbeat {status}: {data[:200]!r}")
+        more = shard.ingest(data)
+        return took if not more else -took
+
+    async def cold_sync(self, shard: SimShard) -> None:
+        conn = Connection(self.host, self.port)
+        try:
+            while await self.heartbeat(conn, shard, timeout=900) < 0:
+                pass
+        finally:
+            await conn.close()
+
+    async def beat_loop(self, shard: SimShard) -> None:
+        conn = Connection(self.host, self.port)
+        nudge = self.nudges[shard.hostname]
+        await asyncio.sleep(random.uniform(0, self.interval))
+        while not self.stop.is_set():
+            try:
+                took = await self.heartbeat(conn, shard)
+                self.latencies.append(abs(took))
+            except Exception as exc:
+                self.error(f"heartbeat: {type(exc).__name__}: {exc}"[:120])
+            nudge.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(nudge.wait(), self.interval * random.uniform(0.9, 1.1))
+        await conn.close()
+
+    async def wait_loop(self, shard: SimShard) -> None:
+        conn = Connection(self.host, self.port)
+        while not self.stop.is_set():
+            since = time.monotonic() - self.last_sent.get(shard.hostname, time.monotonic())
+            self.waiting += 1
+            try:
+                status, data = await conn.request(
+                    "GET", f"/api/v1/heartbeat/wait?timeout=30&since={since:.3f}", shard.token, timeout=60
+                )
+            except Exception as exc:
+                self.error(f"wait: {type(exc).__name__}")
+                status, data = 0, b""
+            finally:
+                self.waiting -= 1
+            if status != 200:
+                if status:
+                    self.error(f"wait {status}")
+                await asyncio.sleep(self.interval)
+                continue
+            if json.loads(data).get("news"):
+                sent = self.last_sent.get(shard.hostname, 0.0)
+                self.nudges[shard.hostname].set()
+                while self.last_sent.get(shard.hostname, 0.0) == sent and not self.stop.is_set():
+                    await asyncio.sleep(0.01)
+        await conn.close()
+
+
+async def closed_loop(host: str, port: int, clients: int, seconds: float, request: Any) -> float:
+    done = 0
+    deadline = time.monotonic() + seconds
+
+    async def one(n: int) -> None:
+        nonlocal done
+        conn = Connection(host, port)
+        while time.monotonic() < deadline:
+            status = await request(conn, n)
+            if status == 200:
+                done += 1
+        await conn.close()
+
+    began = time.monotonic()
+    await asyncio.gather(*(one(n) for n in range(clients)))
+    return done / (time.monotonic() - began)
+
+
+async def drain(host: str, port: int, token: str, limit_s: float = 300) -> float:
+    """Waits until the master has worked off what the stopped fleet left queued (a saturated master
+    keeps answering requests whose clients are gone), so the capacity runs measure only themselves."""
+    began = time.monotonic()
+    conn = Connection(host, port)
+    while time.monotonic() - began < limit_s:
+        t0 = time.monotonic()
+        await conn.request("GET", "/api/v1/heartbeat/wait?timeout=0", token)
+        if time.monotonic() - t0 < 0.05:
+            break
+        await asyncio.sleep(0.5)
+    await conn.close()
+    return time.monotonic() - began
+
+
+# Set-up: the database, the fleet's rows, the master.
+
+
+def admin_connection() -> Any:
+    import psycopg2
+
+    parts = urlsplit(os.environ["DATABASE_URL"])
+    conn = psycopg2.connect(
+        host=parts.hostname or "127.0.0.1",
+        port=parts.port or 5432,
+        user=parts.username or "postgres",
+        password=parts.password or None,
+        dbname="postgres",
+    )
+    conn.autocommit = True
+    return conn
+
+
+def fill(n_shards: int, n_hosts: int, n_jobs: int) -> list[SimShard]:
+    """The fleet's rows, in bulk (the services would take minutes at 100,000 hosts); tokens by the service."""
+    from django.db import transaction
+
+    from common.models import Host, HostQueueEntry, Job, Label
+    from master import services
+
+    sims = []
+    for s in range(n_shards):
+        with transaction.atomic():
+            label = Label.objects.create(name=f"board:fleet{s}")
+            shard, token = services.create_shard(f"fleet{s}.lab", [label.name], acting_user=None)
+            hosts = Host.objects.bulk_create(
+                [Host(hostname=f"fleet{s}-dut{h}", shard=shard) for h in range(n_hosts)], batch_size=2000
+            )
+            Host.labels.through.objects.bulk_create(
+                [Host.labels.through(host_id=h.id, label_id=label.id) for h in hosts], batch_size=2000
+            )
+            jobs = Job.objects.bulk_create(
+                [Job(name=f"fleet{s}-job{j}", owner="bench", command="true", shard=shard) for j in range(n_jobs)]
+            )
+            HostQueueEntry.objects.bulk_create([HostQueueEntry(job=job, meta_host=label) for job in jobs])
+        sims.append(SimShard(shard.hostname, token))
+    return sims
+
+
+def master_connections(dbname: str) -> int:
+    conn = admin_connection()
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (dbname,))
+            return int(cur.fetchone()[0])
+    finally:
+        conn.close()
+
+
+async def simulate(args: argparse.Namespace, port: int, sims: list[SimShard], dbname: str) -> dict[str, Any]:
+    from master import services
+
+    fleet = Fleet("127.0.0.1", port, sims, args.interval)
+    figures: dict[str, Any] = {}
+
+    began = time.monotonic()
+    await asyncio.gather(*(fleet.cold_sync(s) for s in sims))
+    figures["cold_sync_s"] = time.monotonic() - began
+    assert all(len(s.hosts) == args.hosts and len(s.jobs) == args.jobs for s in sims), "cold sync incomplete"
+
+    tasks = [asyncio.create_task(fleet.beat_loop(s)) for s in sims]
+    tasks += [asyncio.create_task(fleet.wait_loop(s)) for s in sims]
+    await asyncio.sleep(args.interval * 1.2)  # every shard heartbeated once and holds its wait
+    fleet.latencies.clear()
+    held: list[int] = []
+    connections: list[int] = []
+    dispatch: list[float] = []
+    label_of = {s.hostname: f"board:fleet{s.hostname[5:].split('.')[0]}" for s in sims}
+    deadline = time.monotonic() + args.steady
+    next_job = time.monotonic() + random.uniform(0.2, 1.0)
+    created: list[tuple[SimShard, int, float]] = []
+    while time.monotonic() < deadline:
+        held.append(fleet.waiting)
+        if len(connections) < 5 and len(held) % 20 == 0:
+            connections.append(await asyncio.to_thread(master_connections, dbname))
+        if time.monotonic() >= next_job:
+            shard = random.choice(sims)
+
+            def create(hostname: str = shard.hostname) -> int:
+                from django.db import connection
+
+                try:
+                    return services.create_job(
+                        services.JobRequest(
+                            name="dispatch", owner="bench", command="true", meta_hosts=[(label_of[hostname], 1)]
+                        ),
+                        acting_user=None,
+                    ).id
+                finally:
+                    connection.close()
+
+            t0 = time.monotonic()
+            job_id = await asyncio.to_thread(create)
+            created.append((shard, job_id, t0))
+            next_job = time.monotonic() + random.uniform(0.2, 1.0)
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(2.0)
+    for shard, job_id, t0 in created:
+        seen = shard.first_seen.get(job_id)
+        dispatch.append(seen - t0 if seen is not None else float("inf"))
+    figures["steady_n"] = len(fleet.latencies)
+    figures["steady_p50_ms"] = pct(fleet.latencies, 0.5) * 1000
+    figures["steady_p99_ms"] = pct(fleet.latencies, 0.99) * 1000
+    figures["held_min"] = min(held)
+    figures["held_median"] = statistics.median(held)
+    figures["master_db_connections_max"] = max(connections) if connections else None
+    figures["dispatch_n"] = len(dispatch)
+    figures["dispatch_p50_s"] = pct(dispatch, 0.5)
+    figures["dispatch_max_s"] = max(dispatch) if dispatch else float("nan")
+    fleet.stop.set()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    figures["errors"] = dict(fleet.errors)
+
+    bodies = [(s.token, s.body()) for s in sims]
+
+    async def beat(conn: Connection, n: int) -> int:
+        token, body = bodies[(n + random.randrange(len(bodies))) % len(bodies)]
+        status, _ = await conn.request("POST", "/api/v1/heartbeat", token, body)
+        return status
+
+    async def noop(conn: Connection, n: int) -> int:
+        token, _ = bodies[(n + random.randrange(len(bodies))) % len(bodies)]
+        status, _ = await conn.request("GET", "/api/v1/heartbeat/wait?timeout=0", token)
+        return status
+
+    figures["drain_s"] = await drain("127.0.0.1", port, bodies[0][0])
+    figures["capacity_heartbeats_per_s"] = await closed_loop("127.0.0.1", port, args.clients, args.capacity, beat)
+    figures["capacity_noop_per_s"] = await closed_loop("127.0.0.1", port, args.clients, args.capacity, noop)
+    figures["capacity_ratio"] = figures["capacity_heartbeats_per_s"] / figures["capacity_noop_per_s"]
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shards", type=int, default=100)
+    parser.add_argument("--hosts", type=int, default=200)
+    parser.add_argument("--jobs", type=int, default=50)
+    parser.add_argument("--interval", type=float, default=10.0, help="the heartbeat interval the master sets")
+    parser.add_argument("--steady", type=float, default=30.0, help="seconds of steady state measured")
+    parser.add_argument("--capacity", type=float, default=10.0, help="seconds of each closed-loop measure")
+    parser.add_argument("--clients", type=int, default=8, help="closed-loop clients")
+    parser.add_argument("--workers", type=int, default=2, help="the master's gunicorn workers")
+    args = parser.parse_args()
+
+    if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
+        os.environ["DATABASE_URL"] = DEFAULT_PG
+    dbname = f"fleet_bench_{uuid.uuid4().hex[:8]}"
+    server_url = os.environ["DATABASE_URL"]
+    url = urlsplit(server_url)._replace(path="/" + dbname).geturl()
+    conn = admin_connection()
+    with conn.cursor() as cur:
+        cur.execute(f'CREATE DATABASE "{dbname}"')
+    conn.close()
+    data_dir = Path(tempfile.mkdtemp(prefix="fleetshard-fleet-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETSHARD_")}
+    env.update(
+        DATABASE_URL=url,
+        FLEETSHARD_ROLE="master",
+        FLEETSHARD_DATA_DIR=str(data_dir),
+        DJANGO_SETTINGS_MODULE="common.settings",
+        FLEETSHARD_HEARTBEAT_INTERVAL_S=str(args.interval),
+        FLEETSHARD_DETECT_IN_SERVE="0",
+        SECRET_KEY="fleet-bench",
+    )
+    os.environ.update(env)
+    master = None
+    try:
+        subprocess.run(
+            [sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env, check=True, capture_output=True
+        )
+        import django
+
+        django.setup()
+        began = time.monotonic()
+        sims = fill(args.shards, args.hosts, args.jobs)
+        say(f"filled {args.shards} shards x {args.hosts} hosts x {args.jobs} jobs in {time.monotonic() - began:.1f} s")
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        log = open(data_dir / "master.log", "wb")  # noqa: SIM115
+        master = subprocess.Popen(
+            [sys.executable, "manage.py", "serve", "--bind", f"127.0.0.1:{port}", "--workers", str(args.workers)],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        import requests
+
+        for _ in range(300):
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/admin/login/", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                time.sleep(0.2)
+        load = os.getloadavg()
+        say(f"load average before the run: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+        figures = asyncio.run(simulate(args, port, sims, dbname))
+        say(json.dumps(figures, indent=1, default=str))
+        f = figures
+        say(
+            f"| {args.shards} x {args.hosts} ({args.shards * args.hosts:,} hosts), {args.jobs} jobs/shard | "
+            f"cold sync {f['cold_sync_s']:.1f} s | steady p50 {f['steady_p50_ms']:.0f} ms, "
+            f"p99 {f['steady_p99_ms']:.0f} ms ({f['steady_n']} heartbeats) | "
+            f"capacity {f['capacity_heartbeats_per_s']:.0f}/s vs no-op {f['capacity_noop_per_s']:.0f}/s "
+            f"= {f['capacity_ratio']:.2f} | held waits min {f['held_min']} of {args.shards} | "
+            f"dispatch p50 {f['dispatch_p50_s'] * 1000:.0f} ms, max {f['dispatch_max_s'] * 1000:.0f} ms "
+            f"({f['dispatch_n']} jobs) |"
+        )
+    finally:
+        if master is not None:
+            master.terminate()
+            try:
+                master.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(master.pid, 9)
+        from django.db import connections
+
+        connections.close_all()
+        conn = admin_connection()
+        with conn.cursor() as cur:
+            cur.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        conn.close()
+
+
+if __name__ == "__main__":
+    main()

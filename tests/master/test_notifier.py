@@ -1,0 +1,176 @@
+"""Change notification: which shards hear of which changes, when, and what a long-poll answers."""
+
+import threading
+import time
+
+import pytest
+
+from common.errors import FleetshardError
+from master import services
+from master.notifier import NewsBoard, NewsUnavailable, TooManyWaits, decode, encode, wait_for_news
+
+
+def listening_board(max_waits: int = 10) -> NewsBoard:
+    board = NewsBoard(max_waits)
+    board.listening(time.monotonic() - 60)
+    return board
+
+
+def wait_in_thread(target, *args):
+    result: list[object] = []
+    thread = threading.Thread(target=lambda: result.append(target(*args)))
+    thread.start()
+    return thread, result
+
+
+def test_a_wait_ends_at_once_on_news_for_its_shard_and_not_for_another():
+    board = listening_board()
+    mine, got_mine = wait_in_thread(board.wait, 1, None, 10.0)
+    other, got_other = wait_in_thread(board.wait, 2, None, 0.5)
+    time.sleep(0.1)
+    began = time.monotonic()
+    board.publish([1])
+    mine.join(5)
+    assert got_mine == [True] and time.monotonic() - began < 1
+    other.join(5)
+    assert got_other == [False]
+    assert board.held == 0
+
+
+def test_news_since_the_last_heartbeat_ends_the_wait_at_once_and_older_news_does_not():
+    board = listening_board()
+    board.publish([1])
+    time.sleep(0.2)
+    assert board.wait(1, since_s=1.0, timeout_s=10.0) is True
+    assert board.wait(1, since_s=0.1, timeout_s=0.0) is False
+    assert board.wait(1, since_s=None, timeout_s=0.0) is False
+
+
+def test_a_wait_reaching_back_before_the_listener_started_is_news():
+    """The process may have missed news before it listened: the shard heartbeats rather than miss it."""
+    board = NewsBoard(10)
+    board.listening(time.monotonic())
+    assert board.wait(1, since_s=5.0, timeout_s=10.0) is True
+
+
+def test_a_board_that_hears_nothing_refuses_to_wait_and_a_lost_listener_ends_the_waits():
+    board = NewsBoard(10)
+    with pytest.raises(NewsUnavailable):
+        board.wait(1, None, 1.0)
+    board.listening(time.monotonic())
+    thread, result = wait_in_thread(lambda: _raises(board.wait, 1, None, 10.0))
+    time.sleep(0.1)
+    board.listening(None)
+    thread.join(5)
+    assert result == [NewsUnavailable]
+
+
+def _raises(fn, *args):
+    try:
+        return fn(*args)
+    except Exception as exc:
+        return type(exc)
+
+
+def test_a_board_holds_at_most_its_waits():
+    board = listening_board(max_waits=2)
+    threads = [wait_in_thread(board.wait, 1, None, 10.0) for _ in range(2)]
+    time.sleep(0.1)
+    with pytest.raises(TooManyWaits):
+        board.wait(1, None, 1.0)
+    board.publish([1])
+    for thread, result in threads:
+        thread.join(5)
+        assert result == [True]
+
+
+def test_one_shard_cannot_take_every_wait_of_a_process():
+    board = listening_board(max_waits=100)
+    threads = [wait_in_thread(board.wait, 1, None, 10.0) for _ in range(4)]
+    time.sleep(0.1)
+    with pytest.raises(TooManyWaits, match="of this shard"):
+        board.wait(1, None, 1.0)
+    assert board.wait(2, None, 0.0) is False
+    board.publish([1])
+    for thread, result in threads:
+        thread.join(5)
+        assert result == [True]
+
+
+def test_payloads_stay_under_the_notify_limit_and_decode_ignores_garbage():
+    payloads = encode(range(1, 5000))
+    assert all(len(p) <= 7000 for p in payloads) and len(payloads) > 1
+    assert set().union(*(decode(p) for p in payloads)) == set(range(1, 5000))
+    assert decode("1,x,-3,, 4,99999999999999999999,7") == {1, 7}
+
+
+def wait_for(shard_id: int, since_s: float | None = None, timeout_s: float = 3.0):
+    return wait_in_thread(wait_for_news, shard_id, since_s, timeout_s)
+
+
+@pytest.fixture
+def listening(transactional_db, news_listener):
+    board = news_listener
+    deadline = time.monotonic() + 5
+    while board.listening_since is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert board.listening_since is not None
+    return board
+
+
+def test_a_created_job_wakes_its_shards_wait_once_committed_and_no_other(fleet_committed, listening):
+    fleet = fleet_committed
+    lab1, got1 = wait_for(fleet.lab1.id)
+    lab2, got2 = wait_for(fleet.lab2.id, timeout_s=1.0)
+    time.sleep(0.2)
+    began = time.monotonic()
+    fleet.job()
+    lab1.join(5)
+    assert got1 == [True] and time.monotonic() - began < 1
+    lab2.join(5)
+    assert got2 == [False]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda f: services.lock_hosts(["a1"], "broken", acting_user=None),
+        lambda f: services.unlock_hosts(["a1"], acting_user=None),
+        lambda f: services.delete_hosts(["a3"], acting_user=None),
+        lambda f: services.create_hosts(["a9"], labels=["board:a"], acting_user=None),
+        lambda f: services.add_label_to_hosts("pool:x", ["a2"], acting_user=None),
+        lambda f: services.abort_jobs([f.queued.id], acting_user=None),
+    ],
+    ids=["lock", "unlock", "delete", "create", "relabel", "abort"],
+)
+def test_every_change_a_shard_must_see_wakes_it(fleet_committed, listening, change):
+    fleet_committed.queued = fleet_committed.job()
+    time.sleep(0.3)
+    thread, got = wait_for(fleet_committed.lab1.id)
+    time.sleep(0.1)
+    change(fleet_committed)
+    thread.join(5)
+    assert got == [True]
+
+
+def test_a_host_moving_between_shards_wakes_both(fleet_committed, listening):
+    time.sleep(0.3)
+    waits = [wait_for(fleet_committed.lab1.id), wait_for(fleet_committed.lab2.id)]
+    time.sleep(0.1)
+    services.remove_label_from_shard("lab1", "board:a", acting_user=None)
+    services.add_labels_to_shard("lab2", ["board:a"], acting_user=None)
+    for thread, got in waits:
+        thread.join(5)
+        assert got == [True]
+
+
+def test_a_refused_change_wakes_nobody(fleet_committed, listening):
+    time.sleep(0.3)
+    thread, got = wait_for(fleet_committed.lab1.id, timeout_s=1.0)
+    time.sleep(0.1)
+    with pytest.raises(FleetshardError):
+        services.create_job(
+            services.JobRequest(name="x", owner="ana", command="true", meta_hosts=[("board:a", 99)]), acting_user=None
+        )
+    thread.join(5)
+    assert got == [False]
