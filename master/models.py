@@ -87,7 +87,7 @@ from master.results.models import (  # noqa: E402
     TestEntry,
     TestRun,
 )
-from master.timeline.models import Interval  # noqa: E402
+from master.timeline.models import Interval, RunTrace  # noqa: E402
 
 __all__ = [
     "AuditRecord",
@@ -97,6 +97,7 @@ __all__ = [
     "Regression",
     "RegressionStatus",
     "RejectedResult",
+    "RunTrace",
     "TestEntry",
     "TestRun",
     "Token",

@@ -25,5 +25,6 @@ urlpatterns = [
     path("results/quarantined", results.ResultQuarantinedView.as_view(), name="results-quarantined"),
     path("timeline/export", timeline.TimelineExportView.as_view(), name="timeline-export"),
     path("timeline/stats", timeline.TimelineStatsView.as_view(), name="timeline-stats"),
+    path("timeline/trace", timeline.TimelineTraceView.as_view(), name="timeline-trace"),
     path("", include(router.urls)),
 ]

@@ -17,6 +17,7 @@ from django.db import connection, transaction
 from django.db.models import BigIntegerField, F, Func
 
 from common.models import Host, Shard
+from master.timeline.models import IntervalKind
 from master.timeline.query import Scope, selected
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -37,7 +38,7 @@ def trace_chunks(s: Scope) -> Iterator[str]:
     pairs: set[tuple[int | None, int]] = set(rows.order_by().values_list("shard_id", "host_id").distinct())
     counters = _counters(s, {shard for shard, _ in pairs}) if pairs or s.shards else []
     shard_ids = {shard or NO_SHARD for shard, _ in pairs} | {shard for shard, *_ in counters}
-    events = chain(_metadata(shard_ids, pairs), _counter_events(counters), _slices(rows))
+    events = chain(_metadata(shard_ids, pairs), _counter_events(counters), _slices(rows), _job_events(rows))
     buffer, size = ['{"traceEvents":['], 0
     for n, event in enumerate(events):
         piece = event if n == 0 else ",\n" + event
@@ -117,6 +118,24 @@ def _slices(rows: Any) -> Iterator[str]:
                     yield text
         finally:
             cursor.close()
+
+
+def _job_events(rows: Any) -> Iterator[str]:
+    """The events of the jobs' own traces (master.timeline.jobtrace), shifted to start with their run
+    and clipped to its slice (as the window clipped it), so they nest inside it on the host's thread."""
+    traced = (
+        rows.filter(kind=IntervalKind.RUN, hqe__trace__isnull=False)
+        .annotate(s0=Micros(F("start")), lo=Micros(F("clip_start")), hi=Micros(F("clip_end")))
+        .values_list("shard_id", "host_id", "s0", "lo", "hi", "hqe__trace__events")
+    )
+    for shard, host, start, low, high, events in traced.iterator(chunk_size=100):
+        head = f',"cat":"job","ph":"X","pid":{shard or NO_SHARD},"tid":{host},"ts":'
+        for name, cat, ts, dur in events if isinstance(events, list) else ():
+            begin, end = max(low, start + ts), min(high, start + ts + dur)
+            if end < begin or (end == begin and dur > 0):
+                continue
+            args = f',"args":{{"cat":{json.dumps(cat)}}}' if cat else ""
+            yield f'{{"name":{json.dumps(name)}{head}{begin},"dur":{end - begin}{args}}}'
 
 
 class Micros(Func):
