@@ -22,6 +22,7 @@ from master.api.serializers import INT64_MAX, ErrorSerializer
 from master.auth import ResultsUploadAuthentication, ShardPrincipal
 from master.timeline.export import gzipped, trace_chunks
 from master.timeline.jobtrace import MAX_TRACE_BYTES, TraceRejected, store_run_trace
+from master.timeline.pftrace import pftrace_chunks
 from master.timeline.query import Scope, scope
 from master.timeline.stats import BY, stats
 
@@ -97,12 +98,18 @@ class TimelineExportView(_TimelineView):
             *SCOPE,
             OpenApiParameter("job", int, many=True, description="Only these jobs' runs; repeatable."),
             OpenApiParameter("gzip", bool, description="Send the trace gzipped (application/gzip)."),
+            OpenApiParameter(
+                "pftrace", bool, description="Send Perfetto's protobuf trace (.pftrace) instead of Chrome JSON."
+            ),
         ],
         responses={
             (200, "application/json"): OpenApiResponse(
                 OpenApiTypes.OBJECT, description="Chrome Trace Event JSON: traceEvents and displayTimeUnit."
             ),
             (200, "application/gzip"): OpenApiResponse(OpenApiTypes.BINARY, description="The same, gzipped."),
+            (200, "application/octet-stream"): OpenApiResponse(
+                OpenApiTypes.BINARY, description="With pftrace=true: a Perfetto trace (.pftrace)."
+            ),
         },
     )
     def get(self, request: Request) -> StreamingHttpResponse:
@@ -110,7 +117,10 @@ class TimelineExportView(_TimelineView):
         s = _scope(request)
         chunks = trace_chunks(s)
         stamp = s.now.strftime("%Y%m%dT%H%M%SZ")
-        if request.query_params.get("gzip") in ("1", "true", "True"):
+        if request.query_params.get("pftrace") in ("1", "true", "True"):
+            response = StreamingHttpResponse(pftrace_chunks(s), content_type="application/octet-stream")
+            response["Content-Disposition"] = f'attachment; filename="timeline-{stamp}.pftrace"'
+        elif request.query_params.get("gzip") in ("1", "true", "True"):
             response = StreamingHttpResponse(gzipped(chunks), content_type="application/gzip")
             response["Content-Disposition"] = f'attachment; filename="timeline-{stamp}.json.gz"'
         else:

@@ -32,15 +32,19 @@ def us(when: datetime) -> int:
     return (when - EPOCH) // ONE_US
 
 
-def trace_chunks(s: Scope) -> Iterator[str]:
-    """The trace as text, chunk by chunk; joined, one JSON object."""
+def trace_events(s: Scope) -> Iterator[str]:
+    """Each event of the trace as JSON text: metadata first, then counters, slices and jobs' events."""
     rows = selected(s).order_by()
     pairs: set[tuple[int | None, int]] = set(rows.order_by().values_list("shard_id", "host_id").distinct())
     counters = _counters(s, {shard for shard, _ in pairs}) if pairs or s.shards else []
     shard_ids = {shard or NO_SHARD for shard, _ in pairs} | {shard for shard, *_ in counters}
-    events = chain(_metadata(shard_ids, pairs), _counter_events(counters), _slices(rows), _job_events(rows))
+    return chain(_metadata(shard_ids, pairs), _counter_events(counters), _slices(rows), _job_events(rows))
+
+
+def trace_chunks(s: Scope) -> Iterator[str]:
+    """The trace as text, chunk by chunk; joined, one JSON object."""
     buffer, size = ['{"traceEvents":['], 0
-    for n, event in enumerate(events):
+    for n, event in enumerate(trace_events(s)):
         piece = event if n == 0 else ",\n" + event
         buffer.append(piece)
         size += len(piece)
