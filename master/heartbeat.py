@@ -7,7 +7,7 @@ heartbeats, so a retry racing its original applies and assigns nothing twice.
 """
 
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -36,12 +36,15 @@ from common.wire import (
     JobRecord,
     RejectedUpdate,
     Update,
+    format_time,
 )
 from master.timeline.recording import HostChange, close_open_runs, record_host_changes, record_runs
 
 log = logging.getLogger(__name__)
 
 HQE_FIELDS = ["status", "failure", "exit_code", "started_on", "finished_on", "log_tail", "last_seq", "host"]
+# A host event this far ahead of the master's clock is a broken clock, not a time to record.
+MAX_EVENT_LEAD = timedelta(days=1)
 REPLACED_NOTE = "\n[fleetshard] the shard's database was replaced (a new instance took over): infra failure\n"
 
 
@@ -148,9 +151,13 @@ def _record_host_events(shard: Shard, events: list[HostEvent | RejectedUpdate], 
     """The shard's host status changes become its hosts' Cleaning and Repairing intervals, all in a
     fixed number of queries; an event of a host that is not the shard's is rejected alone."""
     acks, changes = [], []
+    latest = timezone.now() + MAX_EVENT_LEAD
     for event in events:
         if isinstance(event, RejectedUpdate):
             acks.append(Ack(event.seq, "rejected", event.error))
+        elif event.at > latest:
+            ahead = f"at: {format_time(event.at)} is more than a day ahead of the master's clock"
+            acks.append(Ack(event.seq, "rejected", ahead))
         elif event.host not in host_ids:
             acks.append(Ack(event.seq, "rejected", f"host {event.host} is not a host of shard {shard.hostname}"))
         else:

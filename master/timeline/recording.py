@@ -108,10 +108,14 @@ def record_host_changes(changes: list[HostChange]) -> list[Interval | None]:
     Callers serialise the changes of one host (the heartbeat holds its shard's row)."""
     if not changes:
         return []
-    earliest = min(c.at for c in changes)
-    known = Interval.objects.filter(host_id__in={c.host_id for c in changes}).filter(
-        Q(end__isnull=True) | Q(end__gte=earliest)
-    )
+    earliest: dict[int, datetime] = {}
+    for c in changes:
+        earliest[c.host_id] = min(c.at, earliest.get(c.host_id, c.at))
+    # Each host's intervals from its own earliest change: one stale event reads one host's history.
+    since = Q()
+    for host_id, at in earliest.items():
+        since |= Q(host_id=host_id, end__gte=at)
+    known = Interval.objects.filter(host_id__in=earliest).filter(Q(end__isnull=True) | since)
     by_host: dict[int, list[Interval]] = {}
     for interval in known:
         by_host.setdefault(interval.host_id, []).append(interval)

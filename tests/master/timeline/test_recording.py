@@ -200,9 +200,11 @@ def test_a_bad_host_event_is_rejected_alone_and_a_shared_seq_is_the_bodys_fault(
         event(2, b1.id, "Cleaning", 0),
         {"seq": 3, "host": a1.id, "status": "Busy", "at": "2026-11-23T00:00:01Z"},
         {"seq": 4, "host": a1.id, "status": "Ready"},
+        {"seq": 5, "host": a1.id, "status": "Ready", "at": "2099-01-01T00:00:00Z"},
     ]
     acks = heartbeat(fleet.lab1, fleet.token1, host_events=events)["acks"]
-    assert [a["result"] for a in acks] == ["accepted", "rejected", "rejected", "rejected"]
+    assert [a["result"] for a in acks] == ["accepted", "rejected", "rejected", "rejected", "rejected"]
+    assert "more than a day ahead of the master's clock" in acks[4]["error"]
     assert f"host {b1.id} is not a host of shard lab1" in acks[1]["error"]
     assert acks[2]["error"].startswith("status: expected one of") and acks[3]["error"] == "at: required"
     assert _states("a1") == [("Cleaning", at(0), None)] and _states("b1") == []
