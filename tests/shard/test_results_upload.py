@@ -121,6 +121,15 @@ def test_the_jobs_trace_json_beside_results_goes_first_and_is_archived_or_quaran
     assert (run / TRACE).exists(), "kept while the master cannot take it"
 
 
+def test_a_trace_json_planted_as_a_link_is_never_opened_but_quarantined(tmp_path):
+    run = make_run(tmp_path, {})
+    (run / TRACE).symlink_to("/etc/passwd")
+    answers = Answers()
+    assert upload(run, answers)
+    assert answers.sent == [] and listing(run / QUARANTINE) == [TRACE, TRACE + ".error"]
+    assert (run / QUARANTINE / (TRACE + ".error")).read_text() == "not sent: a symbolic link\n"
+
+
 def test_a_malformed_file_goes_to_quarantine_with_the_masters_reason_and_the_rest_is_archived(tmp_path):
     run = make_run(tmp_path, {"bad.json": b"{", "good.json": b"{}"})
     reason = "the master refused it (400): bad.json: not JSON"
