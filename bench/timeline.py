@@ -55,10 +55,10 @@ r AS (
          CASE WHEN n %% 10 = 0 THEN 'Failed' ELSE 'Completed' END, '{}' FROM r
 ), hqes AS (
   INSERT INTO common_hostqueueentry (id, job_id, host_id, status, failure, exit_code, started_on, finished_on,
-                                     log_tail, last_seq, results_dir, runner)
+                                     log_tail, last_seq)
   SELECT n, n, host_id, CASE WHEN n %% 10 = 0 THEN 'Failed' ELSE 'Completed' END,
          CASE WHEN n %% 10 = 0 THEN 'test' ELSE '' END, CASE WHEN n %% 10 = 0 THEN 1 ELSE 0 END,
-         started, finished, '', 1, '', '' FROM r
+         started, finished, '', 1 FROM r
 ), runs AS (
   INSERT INTO master_interval (kind, host_id, shard_id, job_id, hqe_id, start, "end")
   SELECT 'run', host_id, shard_id, n, n, started, finished FROM r

@@ -45,7 +45,14 @@ def timeline() -> None:
 
 
 @timeline.command("export")
-@click.option("-o", "--output", "output", required=True, metavar="FILE", help="The trace file; gzipped if it ends .gz.")
+@click.option(
+    "-o",
+    "--output",
+    "output",
+    required=True,
+    metavar="FILE",
+    help="The trace file: Chrome JSON, gzipped if it ends .gz, Perfetto's protobuf if it ends .pftrace.",
+)
 @SHARDS
 @LABEL
 @click.option(
@@ -69,6 +76,8 @@ def timeline_export(
     params = {k: v for k, v in params.items() if v not in (None, [])}
     if path.name.endswith(".gz"):
         params["gzip"] = "true"
+    elif path.name.endswith(".pftrace"):
+        params["pftrace"] = "true"
     partial = path.with_name(path.name + ".part")
     try:
         with open(partial, "wb") as target:

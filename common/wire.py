@@ -281,6 +281,8 @@ class Update:
     started_on: datetime | None = None
     finished_on: datetime | None = None
     log_tail: str | None = None
+    # When the shard made this change (an extension: absent from older clients).
+    at: datetime | None = None
 
     @classmethod
     def parse(cls, f: _Fields, seq: int) -> "Update":
@@ -308,6 +310,7 @@ class Update:
             started_on=f.time("started_on"),
             finished_on=f.time("finished_on"),
             log_tail=log_tail,
+            at=f.time("at"),
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -326,7 +329,28 @@ class Update:
             body["exit_code"] = self.exit_code
         if self.log_tail:
             body["log_tail"] = self.log_tail
+        if self.at is not None:
+            body["at"] = format_time(self.at)
         return body
+
+
+@dataclass(frozen=True)
+class HostEvent:
+    """A host's status change on the shard, with the shard's time (an extension: `host_events`)."""
+
+    seq: int
+    host: int
+    status: str
+    at: datetime
+
+    @classmethod
+    def parse(cls, f: _Fields, seq: int) -> "HostEvent":
+        at = f.time("at", optional=False)
+        assert at is not None
+        return cls(seq=seq, host=f.id("host"), status=f.choice("status", HostStatus.ALL), at=at)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"seq": self.seq, "host": self.host, "status": self.status, "at": format_time(self.at)}
 
 
 @dataclass(frozen=True)
@@ -345,6 +369,7 @@ class HeartbeatRequest:
     known_hosts: list[KnownHost] = field(default_factory=list)
     known_jobs: list[KnownJob] = field(default_factory=list)
     updates: list[Update | RejectedUpdate] = field(default_factory=list)
+    host_events: list[HostEvent | RejectedUpdate] = field(default_factory=list)
     protocol: int = PROTOCOL_VERSION
 
     @classmethod
@@ -357,13 +382,24 @@ class HeartbeatRequest:
         except ValueError:
             raise f.fail("instance", f"expected a UUID naming the shard's database, got {_show(instance)}") from None
         updates = f.items("updates", max_items=MAX_UPDATES_PER_HEARTBEAT)
+        shard = f.text("shard", MAX_NAME_CHARS, default=None, empty=False)
+        client_version = f.text("client_version", MAX_VERSION_CHARS, default="")
+        known_hosts = _listed_once("known_hosts", "host", f.each("known_hosts", KnownHost.parse))
+        known_jobs = _listed_once("known_jobs", "job", f.each("known_jobs", KnownJob.parse))
+        parsed = _parse_updates(updates)
+        events = _parse_host_events(f.items("host_events", max_items=MAX_UPDATES_PER_HEARTBEAT))
+        shared = {u.seq for u in parsed} & {e.seq for e in events}
+        if shared:
+            i = next(i for i, e in enumerate(events) if e.seq in shared)
+            raise WireError(f"host_events[{i}].seq", f"seq {events[i].seq} is also an update's: seqs are shared")
         return cls(
-            shard=f.text("shard", MAX_NAME_CHARS, default=None, empty=False),
+            shard=shard,
             instance=instance,
-            client_version=f.text("client_version", MAX_VERSION_CHARS, default=""),
-            known_hosts=_listed_once("known_hosts", "host", f.each("known_hosts", KnownHost.parse)),
-            known_jobs=_listed_once("known_jobs", "job", f.each("known_jobs", KnownJob.parse)),
-            updates=_parse_updates(updates),
+            client_version=client_version,
+            known_hosts=known_hosts,
+            known_jobs=known_jobs,
+            updates=parsed,
+            host_events=events,
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -375,6 +411,7 @@ class HeartbeatRequest:
             "known_hosts": [h.to_wire() for h in self.known_hosts],
             "known_jobs": [j.to_wire() for j in self.known_jobs],
             "updates": [u.to_wire() for u in self.updates if isinstance(u, Update)],
+            "host_events": [e.to_wire() for e in self.host_events if isinstance(e, HostEvent)],
         }
 
 
@@ -414,6 +451,23 @@ def _parse_updates(items: list[Any]) -> list[Update | RejectedUpdate]:
         last = seq
         try:
             parsed.append(Update.parse(f, seq))
+        except WireError as exc:
+            parsed.append(RejectedUpdate(seq, f"{exc.field.split('.', 1)[-1]}: {exc.message}"))
+    return parsed
+
+
+def _parse_host_events(items: list[Any]) -> list[HostEvent | RejectedUpdate]:
+    """As `_parse_updates`: seqs grow (a 400 otherwise), a bad value rejects only its event."""
+    parsed: list[HostEvent | RejectedUpdate] = []
+    last = 0
+    for i, item in enumerate(items):
+        f = _Fields(item, f"host_events[{i}]")
+        seq = f.id("seq")
+        if seq <= last:
+            raise f.fail("seq", f"seqs must grow within a heartbeat ({seq} after {last})")
+        last = seq
+        try:
+            parsed.append(HostEvent.parse(f, seq))
         except WireError as exc:
             parsed.append(RejectedUpdate(seq, f"{exc.field.split('.', 1)[-1]}: {exc.message}"))
     return parsed

@@ -7,7 +7,7 @@ heartbeats, so a retry racing its original applies and assigns nothing twice.
 """
 
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -30,17 +30,21 @@ from common.wire import (
     Ack,
     HeartbeatRequest,
     HeartbeatResponse,
+    HostEvent,
     HostRecord,
     HQERecord,
     JobRecord,
     RejectedUpdate,
     Update,
+    format_time,
 )
-from master.timeline.recording import close_open_runs, record_runs
+from master.timeline.recording import HostChange, close_open_runs, record_host_changes, record_runs
 
 log = logging.getLogger(__name__)
 
 HQE_FIELDS = ["status", "failure", "exit_code", "started_on", "finished_on", "log_tail", "last_seq", "host"]
+# A host event this far ahead of the master's clock is a broken clock, not a time to record.
+MAX_EVENT_LEAD = timedelta(days=1)
 REPLACED_NOTE = "\n[fleetshard] the shard's database was replaced (a new instance took over): infra failure\n"
 
 
@@ -84,6 +88,12 @@ def _apply_one(
         value = getattr(update, key)
         if value is not None:
             changes[key] = value
+    if update.at is not None:
+        # A client that sends when a change happened but not the start or end it made.
+        if update.status in (HQEStatus.STARTING, HQEStatus.RUNNING) and hqe["started_on"] is None:
+            changes.setdefault("started_on", update.at)
+        if update.status in HQEStatus.TERMINAL:
+            changes.setdefault("finished_on", update.at)
     if update.host is not None and update.host != hqe["host"]:
         # Only a host of this shard, or the one the HQE already names or ran on. An HQE ending is
         # never refused for its host (nothing may stay active because a host moved): the host is kept.
@@ -135,6 +145,26 @@ def _apply_updates(shard: Shard, updates: list[Update | RejectedUpdate], host_id
     record_runs([hqes[i] for i in changed])
     refresh_job_statuses({hqes[i]["job_id"] for i in changed})
     return acks, applied
+
+
+def _record_host_events(shard: Shard, events: list[HostEvent | RejectedUpdate], host_ids: set[int]) -> list[Ack]:
+    """The shard's host status changes become its hosts' Cleaning and Repairing intervals, all in a
+    fixed number of queries; an event of a host that is not the shard's is rejected alone."""
+    acks, changes = [], []
+    latest = timezone.now() + MAX_EVENT_LEAD
+    for event in events:
+        if isinstance(event, RejectedUpdate):
+            acks.append(Ack(event.seq, "rejected", event.error))
+        elif event.at > latest:
+            ahead = f"at: {format_time(event.at)} is more than a day ahead of the master's clock"
+            acks.append(Ack(event.seq, "rejected", ahead))
+        elif event.host not in host_ids:
+            acks.append(Ack(event.seq, "rejected", f"host {event.host} is not a host of shard {shard.hostname}"))
+        else:
+            changes.append(HostChange(event.host, event.status, event.at, shard.id))
+            acks.append(Ack(event.seq, "accepted"))
+    record_host_changes(changes)
+    return acks
 
 
 def _check_instance(shard: Shard, instance: str, now: datetime) -> bool:
@@ -248,6 +278,7 @@ def process_heartbeat(shard_id: int, req: HeartbeatRequest) -> HeartbeatResponse
     }
 
     acks, applied = _apply_updates(shard, req.updates, set(hosts))
+    acks += _record_host_events(shard, req.host_events, set(hosts))
 
     status_rows = [
         {"id": h.id, "status": h.status} for h in req.known_hosts if h.id in hosts and hosts[h.id][2] != h.status

@@ -88,7 +88,7 @@ from master.results.models import (  # noqa: E402
     TestEntry,
     TestRun,
 )
-from master.timeline.models import Interval  # noqa: E402
+from master.timeline.models import Interval, RunTrace  # noqa: E402
 
 __all__ = [
     "AuditRecord",
@@ -100,6 +100,7 @@ __all__ = [
     "RejectedResult",
     "RunLog",
     "RunLogChunk",
+    "RunTrace",
     "TestEntry",
     "TestRun",
     "Token",

@@ -22,7 +22,7 @@ from common.constants import CLIENT_VERSION, MAX_UPDATES_PER_HEARTBEAT, PROTOCOL
 from common.wire import HeartbeatResponse, WireError
 from shard.ingest import IngestResult, apply_response, known_hosts, known_jobs
 from shard.instance import ensure_instance
-from shard.outbox import pending
+from shard.outbox import pending, pending_host_events
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +103,8 @@ class HeartbeatClient:
     def build_request(self) -> dict[str, Any]:
         if self.instance is None:
             self.instance = ensure_instance()
+        updates = pending(MAX_UPDATES_PER_HEARTBEAT)
+        cut = updates[-1]["seq"] if len(updates) == MAX_UPDATES_PER_HEARTBEAT else None
         return {
             "protocol": PROTOCOL_VERSION,
             "shard": self.shard_hostname,
@@ -110,7 +112,8 @@ class HeartbeatClient:
             "client_version": CLIENT_VERSION,
             "known_hosts": known_hosts(),
             "known_jobs": known_jobs(),
-            "updates": pending(MAX_UPDATES_PER_HEARTBEAT),
+            "updates": updates,
+            "host_events": pending_host_events(MAX_UPDATES_PER_HEARTBEAT, before=cut),
         }
 
     def exchange(self, body: dict[str, Any]) -> HeartbeatResponse:
@@ -138,8 +141,9 @@ class HeartbeatClient:
 
     def tick(self) -> tuple[HeartbeatResponse, IngestResult]:
         """One heartbeat: build, send, apply. Nothing is dropped locally unless the answer is applied."""
-        response = self.exchange(self.build_request())
-        result = apply_response(response)
+        body = self.build_request()
+        response = self.exchange(body)
+        result = apply_response(response, sent_events=[e["seq"] for e in body["host_events"]])
         # A master (or something posing as one) cannot spin the shard in a tight loop.
         self.interval = max(MIN_INTERVAL_S, float(response.heartbeat_interval_s or self.interval))
         self.accepted.set()

@@ -20,7 +20,7 @@ from common.constants import HQEStatus
 from common.jobstatus import refresh_job_statuses
 from common.models import Host, HostQueueEntry, Job, Label
 from common.wire import Ack, HeartbeatResponse, HostRecord, JobRecord
-from shard.models import DeadLetter, HostState, OutboxEntry, ShardState
+from shard.models import DeadLetter, HostEvent, HostState, OutboxEntry, ShardState
 from shard.services import abort_queued_hqes
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,18 @@ def _apply_acks(acks: list[Ack]) -> tuple[int, int]:
     )
     OutboxEntry.objects.filter(id__in=[e.id for e in entries]).delete()
     return len(entries) - len(rejected), len(rejected)
+
+
+def _drop_sent_events(sent: list[int], acks: list[Ack]) -> None:
+    """Host events go once the master answered the heartbeat that carried them: accepted, rejected (a
+    timeline entry is not worth a dead letter, only a log line) or not acknowledged at all (a master
+    without timelines ignores them and never will use them)."""
+    if not sent:
+        return
+    for ack in acks:
+        if ack.result != "accepted" and ack.seq in sent:
+            log.warning("master rejected host event %s: %s", ack.seq, ack.error)
+    HostEvent.objects.filter(seq__in=sent).delete()
 
 
 def _remove_hosts(host_ids: list[int]) -> None:
@@ -193,11 +205,13 @@ def _close_ended_elsewhere(jobs: list[JobRecord]) -> None:
 
 
 @transaction.atomic
-def apply_response(response: HeartbeatResponse) -> IngestResult:
+def apply_response(response: HeartbeatResponse, sent_events: list[int] | None = None) -> IngestResult:
+    """`sent_events`: the seqs of the host events the heartbeat carried."""
     # One response at a time, even from two processes on one shard database.
     ShardState.objects.get_or_create(id=1)
     ShardState.objects.select_for_update().get(id=1)
     accepted, rejected = _apply_acks(response.acks)
+    _drop_sent_events(sent_events or [], response.acks)
     _remove_hosts(response.removed_host_ids)
     _upsert_hosts(response.hosts)
     stored = _upsert_jobs(response.jobs, response.suite_keyvals)

@@ -27,6 +27,23 @@ class OutboxEntry(models.Model):
         return f"update {self.seq} of HQE {self.hqe_id}"
 
 
+class HostEvent(models.Model):
+    """A host status change waiting for the master (docs/protocol.md, "host_events"): the timeline's
+    Cleaning and Repairing come from these. Numbered from the outbox's seqs, so updates and events
+    keep one order; recorded in the transaction of the change itself."""
+
+    seq = models.BigIntegerField(unique=True)
+    host_id = models.BigIntegerField()
+    status = models.CharField(max_length=32)
+    at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["seq"]
+
+    def __str__(self) -> str:
+        return f"event {self.seq}: host {self.host_id} {self.status}"
+
+
 class DeadLetter(models.Model):
     """An update the master rejected, kept for operators."""
 

@@ -1,14 +1,18 @@
-"""The shard's outbox: every HQE status change becomes an update with a seq that never repeats."""
+"""The shard's outbox: every HQE status change becomes an update, and every host status change a host
+event, each with a seq that never repeats (one counter for both, so they keep one order)."""
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from django.db import transaction
 from django.db.models import F
+from django.utils import timezone
 
 from common.models import HostQueueEntry
+from common.wire import HostEvent as HostEventRecord
 from common.wire import Update, clean_text
-from shard.models import OutboxEntry, ShardState
+from shard.models import HostEvent, OutboxEntry, ShardState
 
 
 def reserve_seqs(count: int) -> range:
@@ -23,7 +27,7 @@ def next_seq() -> int:
     return reserve_seqs(1)[0]
 
 
-def update_of(hqe: HostQueueEntry, seq: int) -> Update:
+def update_of(hqe: HostQueueEntry, seq: int, at: datetime | None = None) -> Update:
     """The HQE's current state as the wire's update; text a job wrote is cleaned of NUL and surrogates."""
     return Update(
         seq=seq,
@@ -36,6 +40,7 @@ def update_of(hqe: HostQueueEntry, seq: int) -> Update:
         started_on=hqe.started_on,
         finished_on=hqe.finished_on,
         log_tail=clean_text(hqe.log_tail) if hqe.log_tail else None,
+        at=at,
     )
 
 
@@ -44,8 +49,9 @@ def enqueue_many(hqes: Sequence[HostQueueEntry]) -> list[OutboxEntry]:
     assert transaction.get_connection().in_atomic_block, "enqueue must run inside the HQE change's transaction"
     if not hqes:
         return []
+    now = timezone.now()
     entries = [
-        OutboxEntry(seq=seq, hqe_id=hqe.id, job_id=hqe.job_id, payload=update_of(hqe, seq).to_wire())
+        OutboxEntry(seq=seq, hqe_id=hqe.id, job_id=hqe.job_id, payload=update_of(hqe, seq, now).to_wire())
         for hqe, seq in zip(hqes, reserve_seqs(len(hqes)), strict=True)
     ]
     return OutboxEntry.objects.bulk_create(entries)
@@ -57,3 +63,21 @@ def enqueue(hqe: HostQueueEntry) -> OutboxEntry:
 
 def pending(limit: int) -> list[dict[str, Any]]:
     return list(OutboxEntry.objects.order_by("seq").values_list("payload", flat=True)[:limit])
+
+
+def enqueue_host_event(host_id: int, status: str, at: datetime | None = None) -> HostEvent:
+    """Queues a host's status change for the master's timeline. Call it in the transaction of the change."""
+    assert transaction.get_connection().in_atomic_block, "enqueue must run inside the host change's transaction"
+    return HostEvent.objects.create(seq=next_seq(), host_id=host_id, status=status, at=at or timezone.now())
+
+
+def pending_host_events(limit: int, before: int | None = None) -> list[dict[str, Any]]:
+    """The oldest host events, as the wire has them; only those older than seq `before` when given (the
+    updates were cut short there: an event never overtakes the update of the run it follows)."""
+    events = HostEvent.objects.order_by("seq")
+    if before is not None:
+        events = events.filter(seq__lt=before)
+    return [
+        HostEventRecord(seq=e.seq, host=e.host_id, status=e.status, at=e.at).to_wire()
+        for e in events.only("seq", "host_id", "status", "at")[:limit]
+    ]

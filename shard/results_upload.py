@@ -37,7 +37,7 @@ from shard.client import HeartbeatClient, backoff, error_of, field_of, jittered,
 from shard.config import SchedulerConfig
 from shard.executor import UnsafeFile, open_regular
 from shard.models import Run
-from shard.workspace import ARCHIVE, QUARANTINE, RESULT_SUFFIX, RESULTS
+from shard.workspace import ARCHIVE, QUARANTINE, RESULT_SUFFIX, RESULTS, TRACE
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,7 @@ class Sender:
 
     def __init__(self, master_url: str, token: str, timeout_s: float | None = None) -> None:
         self.url = master_url.rstrip("/") + "/api/v1/results/upload"
+        self.trace_url = master_url.rstrip("/") + "/api/v1/timeline/trace"
         self.report_url = master_url.rstrip("/") + "/api/v1/results/quarantined"
         self.session = master_session(token)
         self.timeout = (5.0, timeout_s or settings.FLEETSHARD_REQUEST_TIMEOUT_S)
@@ -98,6 +99,28 @@ class Sender:
         if code in (403, 404) and field_of(resp) == "hqe":
             reason = f"the master refused HQE {hqe_id} ({code}): {error_of(resp)}"
             return Verdict(quarantine=True, reason=reason, whole_run=True)
+        raise MasterUnavailable(f"the master answered {code}: {error_of(resp)}")
+
+    def send_trace(self, hqe_id: int, data: bytes) -> Verdict:
+        """Uploads the job's own trace.json for the master's timeline."""
+        try:
+            resp = self.session.post(
+                self.trace_url,
+                params={"hqe": str(hqe_id)},
+                data=data,
+                headers={"Content-Type": "application/octet-stream"},
+                timeout=self.timeout,
+            )
+        except requests.RequestException as exc:
+            raise MasterUnavailable(f"cannot reach the master at {self.trace_url}: {exc}") from exc
+        code = resp.status_code
+        if code in (200, 201):
+            return ARCHIVED
+        if code in (400, 403, 413) or (code == 404 and field_of(resp) == "hqe"):
+            return Verdict(quarantine=True, reason=f"the master refused it ({code}): {error_of(resp)}")
+        if code in (404, 405):
+            # A master older than timelines: it never will take it, and results must not wait for it.
+            return Verdict(quarantine=True, reason=f"the master takes no job traces ({code})")
         raise MasterUnavailable(f"the master answered {code}: {error_of(resp)}")
 
     def report(self, hqe_id: int, name: str, reason: str) -> Verdict | None:
@@ -222,10 +245,10 @@ class RunResults:
             self._places[name] = own_dir(self.run_fd, name)
         return self._places[name]
 
-    def archive(self, name: str) -> None:
-        self._move(name, self._place(ARCHIVE))
+    def archive(self, name: str, *, src: int | None = None) -> None:
+        self._move(name, self._place(ARCHIVE), src)
 
-    def quarantine(self, name: str, reason: str) -> None:
+    def quarantine(self, name: str, reason: str, *, src: int | None = None) -> None:
         place = self._place(QUARANTINE)
         # The reason first: a crash before the move leaves the file to be handled again, never a file without it.
         try:
@@ -240,12 +263,12 @@ class RunResults:
         else:
             with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as f:
                 f.write(reason + "\n")
-        self._move(name, place)
+        self._move(name, place, src)
 
-    def _move(self, name: str, place: int) -> None:
+    def _move(self, name: str, place: int, src: int | None = None) -> None:
         # Another shard process sharing this database may have moved it first: then it is done.
         with contextlib.suppress(FileNotFoundError):
-            os.rename(name, name, src_dir_fd=self.results_fd, dst_dir_fd=place)
+            os.rename(name, name, src_dir_fd=self.results_fd if src is None else src, dst_dir_fd=place)
 
 
 def upload_run(run_dir: Path, hqe_id: int, sender: Sender, owners: tuple[int, ...], stop: threading.Event) -> bool:
@@ -259,6 +282,7 @@ def upload_run(run_dir: Path, hqe_id: int, sender: Sender, owners: tuple[int, ..
         log.warning("HQE %s: cannot open its run directory %s (%s): its results are not uploaded", hqe_id, run_dir, exc)
         return True
     try:
+        _upload_trace(run, hqe_id, sender)
         names = run.names()
         room = MAX_RESULT_FILES_PER_RUN - run.archived() if names else 0
         refused: Verdict | None = None
@@ -295,6 +319,21 @@ def upload_run(run_dir: Path, hqe_id: int, sender: Sender, owners: tuple[int, ..
         return True
     finally:
         run.close()
+
+
+def _upload_trace(run: RunResults, hqe_id: int, sender: Sender) -> None:
+    """The job's own trace.json (beside results/), if it wrote one: sent, then archived or quarantined
+    like a result file. Raises MasterUnavailable: it stays for a later pass."""
+    try:
+        data = read_result(run.run_fd, TRACE, run.owners)
+    except FileNotFoundError:
+        return
+    verdict = Verdict(True, data) if isinstance(data, str) else sender.send_trace(hqe_id, data)
+    if verdict.quarantine:
+        log.warning("HQE %s: %s quarantined: %s", hqe_id, TRACE, verdict.reason)
+        run.quarantine(TRACE, verdict.reason, src=run.run_fd)
+    else:
+        run.archive(TRACE, src=run.run_fd)
 
 
 def job_owners(config: SchedulerConfig) -> tuple[int, ...]:

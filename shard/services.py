@@ -14,7 +14,7 @@ from common.jobstatus import refresh_job_statuses
 from common.models import Host, HostQueueEntry
 from common.wire import clean_text
 from shard.models import HostState, Run
-from shard.outbox import enqueue, enqueue_many
+from shard.outbox import enqueue, enqueue_host_event, enqueue_many
 
 
 class HostTaken(FleetshardError):
@@ -113,7 +113,8 @@ def move_host(
     its state matches `retired` (None: either) and its row matches `host_is`; `failed_repair` notes that
     its present config version failed repair.
 
-    Two conditional UPDATEs, the holder's first. Call it under shard.locks.shard_write: that lock keeps
+    Two conditional UPDATEs, the holder's first, then the change's host event for the master's timeline.
+    Call it under shard.locks.shard_write: that lock keeps
     every writer of hosts in one order, and raising HostTaken rolls back the first UPDATE with the rest.
     """
     held = HostState.objects.filter(host_id=host_id, runner=held_by)
@@ -126,3 +127,4 @@ def move_host(
         raise HostTaken(f"host {host_id} is not held by {held_by or 'nobody'} as expected")
     if Host.objects.filter(id=host_id, **host_is).update(status=to_status) != 1:
         raise HostTaken(f"host {host_id} is not {host_is}")
+    enqueue_host_event(host_id, to_status)

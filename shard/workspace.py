@@ -26,6 +26,8 @@ RESULTS = "results"
 ARCHIVE = "archive"
 QUARANTINE = "quarantine"
 RESULT_SUFFIX = ".json"
+# A job's own Chrome trace, beside results/: uploaded for the master's timeline (master.timeline.jobtrace).
+TRACE = "trace.json"
 HOSTS_DIR = "hosts"
 
 log = logging.getLogger(__name__)

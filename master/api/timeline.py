@@ -8,7 +8,7 @@ from django.http import StreamingHttpResponse
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import serializers
+from rest_framework import serializers, status
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -16,9 +16,13 @@ from rest_framework.views import APIView
 
 from common.errors import FleetshardError
 from master.api.filters import parse_since
+from master.api.results import IsShard, _error, _Refused, _shard_hqe
 from master.api.schema import FleetshardAutoSchema
-from master.api.serializers import INT64_MAX
+from master.api.serializers import INT64_MAX, ErrorSerializer
+from master.auth import ResultsUploadAuthentication, ShardPrincipal
 from master.timeline.export import gzipped, trace_chunks
+from master.timeline.jobtrace import MAX_TRACE_BYTES, TraceRejected, store_run_trace
+from master.timeline.pftrace import pftrace_chunks
 from master.timeline.query import Scope, scope
 from master.timeline.stats import BY, stats
 
@@ -94,12 +98,18 @@ class TimelineExportView(_TimelineView):
             *SCOPE,
             OpenApiParameter("job", int, many=True, description="Only these jobs' runs; repeatable."),
             OpenApiParameter("gzip", bool, description="Send the trace gzipped (application/gzip)."),
+            OpenApiParameter(
+                "pftrace", bool, description="Send Perfetto's protobuf trace (.pftrace) instead of Chrome JSON."
+            ),
         ],
         responses={
             (200, "application/json"): OpenApiResponse(
                 OpenApiTypes.OBJECT, description="Chrome Trace Event JSON: traceEvents and displayTimeUnit."
             ),
             (200, "application/gzip"): OpenApiResponse(OpenApiTypes.BINARY, description="The same, gzipped."),
+            (200, "application/octet-stream"): OpenApiResponse(
+                OpenApiTypes.BINARY, description="With pftrace=true: a Perfetto trace (.pftrace)."
+            ),
         },
     )
     def get(self, request: Request) -> StreamingHttpResponse:
@@ -107,7 +117,10 @@ class TimelineExportView(_TimelineView):
         s = _scope(request)
         chunks = trace_chunks(s)
         stamp = s.now.strftime("%Y%m%dT%H%M%SZ")
-        if request.query_params.get("gzip") in ("1", "true", "True"):
+        if request.query_params.get("pftrace") in ("1", "true", "True"):
+            response = StreamingHttpResponse(pftrace_chunks(s), content_type="application/octet-stream")
+            response["Content-Disposition"] = f'attachment; filename="timeline-{stamp}.pftrace"'
+        elif request.query_params.get("gzip") in ("1", "true", "True"):
             response = StreamingHttpResponse(gzipped(chunks), content_type="application/gzip")
             response["Content-Disposition"] = f'attachment; filename="timeline-{stamp}.json.gz"'
         else:
@@ -131,3 +144,59 @@ class TimelineStatsView(_TimelineView):
         window (the last 24 hours unless `since` says), computed in the database."""
         rows: list[dict[str, Any]] = stats(_scope(request), request.query_params.get("by") or "host")
         return Response(TimelineStatsSerializer(rows, many=True).data)
+
+
+class TraceStoredSerializer(serializers.Serializer):
+    created = serializers.BooleanField(help_text="False when the HQE's trace was stored before.")
+    events = serializers.IntegerField(help_text="The complete events kept.")
+    dropped = serializers.IntegerField(help_text="The file's events not kept (other phases, bad times, too deep).")
+
+
+class TimelineTraceView(APIView):
+    """POST /api/v1/timeline/trace?hqe=ID: the `trace.json` an HQE's job wrote, from its shard."""
+
+    schema = FleetshardAutoSchema()
+    authentication_classes = [ResultsUploadAuthentication]
+    permission_classes = [IsShard]
+    parser_classes: list[Any] = []
+
+    @extend_schema(
+        operation_id="timeline_trace",
+        tags=["timeline"],
+        request={"application/json": OpenApiTypes.OBJECT, "application/octet-stream": OpenApiTypes.BINARY},
+        parameters=[
+            OpenApiParameter("hqe", int, required=True, description="The HQE (of a job on this shard) that wrote it.")
+        ],
+        responses={
+            200: OpenApiResponse(TraceStoredSerializer, description="Stored before; nothing new."),
+            201: OpenApiResponse(TraceStoredSerializer, description="Stored."),
+            400: OpenApiResponse(ErrorSerializer, description="Not a Chrome trace the export can use, or a bad hqe."),
+            401: OpenApiResponse(ErrorSerializer, description="Missing or unknown token."),
+            403: OpenApiResponse(ErrorSerializer, description="Not a shard's token, or another shard's HQE."),
+            404: OpenApiResponse(ErrorSerializer, description="Unknown HQE."),
+            413: OpenApiResponse(ErrorSerializer, description="Larger than 4 MiB."),
+        },
+    )
+    def post(self, request: Request) -> Response:
+        """Stores a job's own Chrome trace once; the export nests its events in the run's slice."""
+        shard = request.user.shard if isinstance(request.user, ShardPrincipal) else None
+        try:
+            hqe = _shard_hqe(request.query_params.get("hqe"), shard)
+            if hqe is None:
+                raise _Refused(400, "the hqe query parameter (the HQE's id) is required", "hqe")
+        except _Refused as refused:
+            return refused.response
+        declared = request.META.get("CONTENT_LENGTH") or "0"
+        too_large = declared.isdigit() and int(declared) > MAX_TRACE_BYTES
+        data = b"" if too_large else request._request.read(MAX_TRACE_BYTES + 1)
+        request._request._body = data  # as request.body would keep it, for whatever reads it after the view
+        if too_large or len(data) > MAX_TRACE_BYTES:
+            return _error(413, f"trace.json: larger than {MAX_TRACE_BYTES} bytes", "body")
+        try:
+            stored = store_run_trace(hqe, data)
+        except TraceRejected as exc:
+            return _error(400, f"trace.json: {exc}", "body")
+        body = {"created": stored.created, "events": len(stored.trace.events), "dropped": stored.trace.dropped}
+        return Response(
+            TraceStoredSerializer(body).data, status=status.HTTP_201_CREATED if stored.created else status.HTTP_200_OK
+        )

@@ -33,5 +33,6 @@ urlpatterns = [
     path("jobs/<str:id>/log", logs.JobLogView.as_view(), name="job-log"),
     path("timeline/export", timeline.TimelineExportView.as_view(), name="timeline-export"),
     path("timeline/stats", timeline.TimelineStatsView.as_view(), name="timeline-stats"),
+    path("timeline/trace", timeline.TimelineTraceView.as_view(), name="timeline-trace"),
     path("", include(router.urls)),
 ]

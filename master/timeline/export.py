@@ -17,12 +17,15 @@ from django.db import connection, transaction
 from django.db.models import BigIntegerField, F, Func
 
 from common.models import Host, Shard
+from master.timeline.models import IntervalKind
 from master.timeline.query import Scope, selected
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 ONE_US = timedelta(microseconds=1)
 CHUNK_ROWS = 5000
 FLUSH_CHARS = 1 << 16
+# Level 7: a tenth smaller than 6 on a trace's repetitive lines, for a little more time (bench/timeline.py).
+GZIP_LEVEL = 7
 COUNTER_BUCKETS = 1000  # per shard: the counters' resolution, whatever the window's length
 NO_SHARD = 0  # the pid of intervals whose shard was deleted
 
@@ -31,16 +34,26 @@ def us(when: datetime) -> int:
     return (when - EPOCH) // ONE_US
 
 
-def trace_chunks(s: Scope) -> Iterator[str]:
-    """The trace as text, chunk by chunk; joined, one JSON object."""
+def trace_events(s: Scope) -> Iterator[str]:
+    """Each event of the trace as JSON text: metadata first, then counters, slices and jobs' events."""
+    return _parts(s, batched=False)
+
+
+def _parts(s: Scope, *, batched: bool) -> Iterator[str]:
+    """The events' JSON texts; `batched`: the slices come as runs of events joined by commas."""
     rows = selected(s).order_by()
     pairs: set[tuple[int | None, int]] = set(rows.order_by().values_list("shard_id", "host_id").distinct())
     counters = _counters(s, {shard for shard, _ in pairs}) if pairs or s.shards else []
     shard_ids = {shard or NO_SHARD for shard, _ in pairs} | {shard for shard, *_ in counters}
-    events = chain(_metadata(shard_ids, pairs), _counter_events(counters), _slices(rows))
+    slices = _slices(rows, batched=batched)
+    return chain(_metadata(shard_ids, pairs), _counter_events(counters), slices, _job_events(rows))
+
+
+def trace_chunks(s: Scope) -> Iterator[str]:
+    """The trace as text, chunk by chunk; joined, one JSON object."""
     buffer, size = ['{"traceEvents":['], 0
-    for n, event in enumerate(events):
-        piece = event if n == 0 else ",\n" + event
+    for n, event in enumerate(_parts(s, batched=True)):
+        piece = event if n == 0 else "," + event
         buffer.append(piece)
         size += len(piece)
         if size >= FLUSH_CHARS:
@@ -74,9 +87,9 @@ def _text(sql: str) -> str:
     return f"COALESCE(CAST({sql} AS TEXT), 'null')"
 
 
-def _slices(rows: Any) -> Iterator[str]:
+def _slices(rows: Any, *, batched: bool = False) -> Iterator[str]:
     """Each slice's JSON text, written by the database: formatting a million rows in Python would
-    take longer than reading them."""
+    take longer than reading them. `batched`: each fetch's slices joined by commas, as one text."""
     inner = rows.order_by().values(
         k=F("kind"),
         p=F("shard_id"),
@@ -113,10 +126,31 @@ def _slices(rows: Any) -> Iterator[str]:
         try:
             cursor.execute(f"SELECT {line} FROM ({sql}) AS i", params)
             while batch := cursor.fetchmany(CHUNK_ROWS):
-                for (text,) in batch:
-                    yield text
+                if batched:
+                    yield ",".join([text for (text,) in batch])
+                else:
+                    for (text,) in batch:
+                        yield text
         finally:
             cursor.close()
+
+
+def _job_events(rows: Any) -> Iterator[str]:
+    """The events of the jobs' own traces (master.timeline.jobtrace), shifted to start with their run
+    and clipped to its slice (as the window clipped it), so they nest inside it on the host's thread."""
+    traced = (
+        rows.filter(kind=IntervalKind.RUN, hqe__trace__isnull=False)
+        .annotate(s0=Micros(F("start")), lo=Micros(F("clip_start")), hi=Micros(F("clip_end")))
+        .values_list("shard_id", "host_id", "s0", "lo", "hi", "hqe__trace__events")
+    )
+    for shard, host, start, low, high, events in traced.iterator(chunk_size=100):
+        head = f',"cat":"job","ph":"X","pid":{shard or NO_SHARD},"tid":{host},"ts":'
+        for name, cat, ts, dur in events if isinstance(events, list) else ():
+            begin, end = max(low, start + ts), min(high, start + ts + dur)
+            if end < begin or (end == begin and dur > 0):
+                continue
+            args = f',"args":{{"cat":{json.dumps(cat)}}}' if cat else ""
+            yield f'{{"name":{json.dumps(name)}{head}{begin},"dur":{end - begin}{args}}}'
 
 
 class Micros(Func):
@@ -233,19 +267,15 @@ def _counter_events(counters: list[tuple[int, datetime, int, int]]) -> Iterator[
 
 def write_trace(s: Scope, path: Path) -> int:
     """Writes the trace to `path` (gzipped when it ends .gz); returns the bytes written."""
-    with (
-        gzip.open(path, "wt", encoding="utf-8", compresslevel=6)
-        if path.name.endswith(".gz")
-        else open(path, "w", encoding="utf-8")
-    ) as out:
+    with gzip.open(path, "wb", compresslevel=GZIP_LEVEL) if path.name.endswith(".gz") else open(path, "wb") as out:
         for chunk in trace_chunks(s):
-            out.write(chunk)
+            out.write(chunk.encode())
     return path.stat().st_size
 
 
 def gzipped(chunks: Iterable[str]) -> Iterator[bytes]:
     """A gzip stream of `chunks`, compressed as they come."""
-    packer = zlib.compressobj(6, zlib.DEFLATED, 31)
+    packer = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)
     for chunk in chunks:
         data = packer.compress(chunk.encode())
         if data:

@@ -67,3 +67,27 @@ class Interval(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} on host {self.host_id} from {self.start:%Y-%m-%d %H:%M:%S}"
+
+
+class RunTrace(models.Model):
+    """The Chrome trace a run's job wrote (`trace.json` in its results directory), as the shard uploaded
+    it and `jobtrace.sanitised` kept it: complete events only, times in microseconds from the trace's
+    first event, nesting mended. The export shifts them to the run and nests them in its slice."""
+
+    hqe = models.OneToOneField(
+        HostQueueEntry,
+        primary_key=True,
+        on_delete=models.DO_NOTHING,
+        related_name="trace",
+        db_constraint=False,
+    )
+    # [[name, category, ts_us, dur_us], ...], sorted by ts.
+    events = models.JSONField()
+    dropped = models.PositiveIntegerField(default=0, help_text="Events of the file that were not kept.")
+    created_on = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        app_label = "master"
+
+    def __str__(self) -> str:
+        return f"trace of HQE {self.hqe_id} ({len(self.events)} events)"

@@ -1,10 +1,11 @@
-"""How intervals are written: runs from the HQE updates the heartbeat applies, host states from
-`record_host_status` (which the shard's host status reports will call, docs/protocol.md).
+"""How intervals are written: runs from the HQE updates the heartbeat applies, host states from the
+shard's host events (`record_host_changes`, docs/protocol.md "host_events").
 
 Both are idempotent: an update or report seen twice leaves the intervals as they were.
 """
 
 import json
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -12,7 +13,7 @@ from django.db import connection, transaction
 from django.db.models import F, Q, Value
 from django.db.models.functions import Greatest
 
-from common.bulk import _json_default
+from common.bulk import _json_default, bulk_insert, bulk_set
 from common.constants import HostStatus
 from common.errors import FleetshardError, NotFound
 from common.models import Host, Shard
@@ -83,57 +84,118 @@ def close_open_runs(shard: Shard, at: datetime) -> int:
     )
 
 
-@transaction.atomic
-def record_host_status(host: Host | int, status: str, at: datetime, *, shard: Shard | int | None) -> Interval | None:
-    """A host's status became `status` at `at`: Cleaning, Repairing and Repair Failed open an interval,
-    Ready and Running end the one open then. Returns the interval opened (or already there).
+@dataclass(frozen=True)
+class HostChange:
+    """A host's status became `status` at `at` (a shard's host event)."""
 
-    Reports may come twice or out of time order: the host's status from `at` until the next thing
-    known about the host becomes `status`, so a duplicate changes nothing and no two intervals of a
+    host_id: int
+    status: str
+    at: datetime
+    shard_id: int | None = None
+
+
+def record_host_changes(changes: list[HostChange]) -> list[Interval | None]:
+    """Applies host status changes in order, in at most four queries whatever their number: their hosts'
+    intervals from the earliest change on are read once, replayed in memory, and written back (one
+    DELETE, one UPDATE, one INSERT). Returns, per change, the interval it opened or found (unsaved
+    when new, and possibly removed by a later change), or None.
+
+    A host's status from `at` until the next thing known about the host becomes `status`:
+    Cleaning, Repairing and Repair Failed open an interval, Ready and Running end the one open then.
+    So a duplicate changes nothing, changes may come out of time order, and no two intervals of a
     host ever partially overlap. A status reported while a run holds the host starts when the run
-    ends (and is dropped while that run is still open: its end comes with the HQE's update)."""
-    if status not in HostStatus.ALL:
-        raise FleetshardError(f"unknown host status {status!r}: use one of {', '.join(HostStatus.ALL)}", field="status")
-    if at.tzinfo is None:
-        raise FleetshardError("the time of a host status change needs a time zone", field="at")
-    host_id = host if isinstance(host, int) else host.id
-    shard_id = shard if isinstance(shard, int) or shard is None else shard.id
-    # The host's row lock serialises the reports of one host.
-    if not Host.objects.select_for_update().filter(id=host_id).exists():
-        raise NotFound(f"unknown host {host_id}", field="host")
-    mine = Interval.objects.filter(host_id=host_id)
-    holding = list(mine.filter(Q(end__isnull=True) | Q(end__gt=at), start__lte=at))
+    ends (and is dropped while that run is still open: its end comes with the HQE's update).
+    Callers serialise the changes of one host (the heartbeat holds its shard's row)."""
+    if not changes:
+        return []
+    earliest: dict[int, datetime] = {}
+    for c in changes:
+        earliest[c.host_id] = min(c.at, earliest.get(c.host_id, c.at))
+    # Each host's intervals from its own earliest change: one stale event reads one host's history.
+    since = Q()
+    for host_id, at in earliest.items():
+        since |= Q(host_id=host_id, end__gte=at)
+    known = Interval.objects.filter(host_id__in=earliest).filter(Q(end__isnull=True) | since)
+    by_host: dict[int, list[Interval]] = {}
+    for interval in known:
+        by_host.setdefault(interval.host_id, []).append(interval)
+    dirty: dict[int, Interval] = {}
+    gone: set[int] = set()
+    new: list[Interval] = []
+    found = [_replay(by_host.setdefault(c.host_id, []), c, dirty, gone, new) for c in changes]
+    if gone:
+        Interval.objects.filter(id__in=gone).delete()
+    bulk_set(Interval, [{"id": i.id, "end": i.end} for key, i in dirty.items() if key not in gone], ["end"])
+    bulk_insert(
+        Interval,
+        [{"kind": i.kind, "host": i.host_id, "shard": i.shard_id, "start": i.start, "end": i.end} for i in new],
+        ["kind", "host", "shard", "start", "end"],
+    )
+    return found
+
+
+def _replay(
+    mine: list[Interval], c: HostChange, dirty: dict[int, Interval], gone: set[int], new: list[Interval]
+) -> Interval | None:
+    """One change against the host's intervals in memory (`mine`, kept without the removed ones)."""
+
+    def cut(interval: Interval, at: datetime) -> None:
+        if interval.start >= at:
+            mine.remove(interval)
+            if interval.id is None:
+                new.remove(interval)
+            else:
+                gone.add(interval.id)
+        else:
+            interval.end = at
+            if interval.id is not None:
+                dirty[interval.id] = interval
+
+    at = c.at
+    holding = [i for i in mine if i.start <= at and (i.end is None or i.end > at)]
     current = next((i for i in holding if i.kind != IntervalKind.RUN), None)
     run = next((i for i in holding if i.kind == IntervalKind.RUN), None)
-    if status not in STATUS_KINDS:
+    if c.status not in STATUS_KINDS:
         if current is not None:
-            _cut(current, at)
+            cut(current, at)
         return None
-    if current is not None and current.kind == status:
+    if current is not None and current.kind == c.status:
         return current
     start, old_end = at, None
     if run is not None:
         if run.end is None:
             return None
         start = run.end
-        there = mine.filter(start=start).exclude(kind=IntervalKind.RUN).first()
+        there = next((i for i in mine if i.start == start and i.kind != IntervalKind.RUN), None)
         if there is not None:
-            return there if there.kind == status else None
+            return there if there.kind == c.status else None
     elif current is not None:
         old_end = current.end
-        _cut(current, at)
-    following = mine.filter(start__gt=start).order_by("start").values_list("start", flat=True).first()
+        cut(current, at)
+    following = min((i.start for i in mine if i.start > start), default=None)
     ends = [t for t in (old_end, following) if t is not None]
     end = min(ends) if ends else None
     if end is not None and end <= start:
         return None
-    return Interval.objects.create(kind=status, host_id=host_id, shard_id=shard_id, start=start, end=end)
+    opened = Interval(kind=c.status, host_id=c.host_id, shard_id=c.shard_id, start=start, end=end)
+    mine.append(opened)
+    new.append(opened)
+    return opened
 
 
-def _cut(interval: Interval, at: datetime) -> None:
-    """Ends `interval` at `at`; one that would be empty is removed."""
-    if interval.start >= at:
-        interval.delete()
-    else:
-        interval.end = at
-        interval.save(update_fields=["end"])
+@transaction.atomic
+def record_host_status(host: Host | int, status: str, at: datetime, *, shard: Shard | int | None) -> Interval | None:
+    """One host status change (see record_host_changes), checked; returns the interval it opened or found."""
+    if status not in HostStatus.ALL:
+        raise FleetshardError(f"unknown host status {status!r}: use one of {', '.join(HostStatus.ALL)}", field="status")
+    if at.tzinfo is None:
+        raise FleetshardError("the time of a host status change needs a time zone", field="at")
+    host_id = host if isinstance(host, int) else host.id
+    shard_id = shard if isinstance(shard, int) or shard is None else shard.id
+    # The host's row lock serialises the changes of one host.
+    if not Host.objects.select_for_update().filter(id=host_id).exists():
+        raise NotFound(f"unknown host {host_id}", field="host")
+    (interval,) = record_host_changes([HostChange(host_id, status, at, shard_id)])
+    if interval is None or interval.id is not None:
+        return interval
+    return Interval.objects.filter(host_id=host_id, kind=interval.kind, start=interval.start).first()

@@ -43,6 +43,25 @@ parked = services.create_job(services.JobRequest(
     name="ui-bvt-parked", owner="ana", command="sleep 600", hosts=["sunfish-04"]), acting_user=None)
 services.create_job(services.JobRequest(
     name="bramble-smoke", owner="ana", command="true", meta_hosts=[("board:bramble", 2)]), acting_user=None)
+
+# A day of history on the live shard, for the utilisation table: runs of ended jobs (never sent to
+# the shard), each followed by cleaning, and one repair.
+from datetime import timedelta
+from django.utils import timezone
+from common.models import Host, HostQueueEntry, Job
+from master.timeline.models import Interval
+now = timezone.now()
+for n, (hostname, ago_h, run_h) in enumerate([("sunfish-01", 20, 3), ("sunfish-02", 12, 5), ("sunfish-03", 6, 2)]):
+    host = Host.objects.get(hostname=hostname)
+    start = now - timedelta(hours=ago_h)
+    end = start + timedelta(hours=run_h)
+    job = Job.objects.create(name=f"nightly-{{n}}", owner="ana", command="true", shard=host.shard,
+                             status="Completed", created_on=start - timedelta(minutes=20 * (n + 1)))
+    hqe = HostQueueEntry.objects.create(job=job, host=host, status="Completed", exit_code=0,
+                                        started_on=start, finished_on=end)
+    Interval.objects.create(kind="run", host=host, shard=host.shard, job=job, hqe=hqe, start=start, end=end)
+    after = "Repairing" if n == 1 else "Cleaning"
+    Interval.objects.create(kind=after, host=host, shard=host.shard, start=end, end=end + timedelta(minutes=30))
 result = {{"token": token, "parked": parked.id}}
 """
 
@@ -145,6 +164,8 @@ def test_login_and_the_fleet_overview_shows_the_shard_online(world: World, chrom
         expect(offline).to_contain_text("last heartbeat never")
         expect(page.locator('tr[data-label="board:sunfish"] .fs-ready')).to_have_text("3 of 4")
         expect(page.locator('tr[data-label="pool:ui-bvt"] .fs-ready')).to_have_text("4 of 4")
+        # 10 h of runs on 4 hosts over 24 h
+        expect(page.locator(f'#fs-utilisation tr[data-shard="{LIVE}"] .fs-util')).to_have_text("10%")
         # It refreshes itself: the time it was drawn changes without anyone reloading it.
         drawn = page.locator("#fs-summary").inner_text()
         expect(page.locator("#fs-summary")).not_to_have_text(drawn, timeout=15_000)

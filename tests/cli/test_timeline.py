@@ -4,6 +4,7 @@ import gzip
 import json
 
 import pytest
+from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace
 
 from master.timeline.validate import validate
 from tests.cli.conftest import fails, ok
@@ -50,3 +51,10 @@ def test_stats_as_a_table_and_as_json(cli, hour):
     table = ok(cli("timeline", "stats", "--label", "wifi", *SINCE)).stdout
     assert "Utilisation" in table and "16.7%" in table  # a1: 600 s of 3600
     fails(cli("timeline", "stats", "--label", "board:zz"), "unknown label")
+
+
+def test_export_to_pftrace_writes_perfettos_protobuf(cli, hour, tmp_path):
+    target = tmp_path / "fleet.pftrace"
+    ok(cli("timeline", "export", "-o", str(target), *SINCE))
+    names = {p.track_event.name for p in Trace.FromString(target.read_bytes()).packet if p.track_event.name}
+    assert names == {"ok", "Repairing", "other"}

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from common.wire import (
     HeartbeatRequest,
     HeartbeatResponse,
+    HostEvent,
     RejectedUpdate,
     Update,
     WireError,
@@ -41,6 +42,7 @@ REQUEST = {
         {"seq": 7, "hqe": 501, "job": 99, "status": "Running", "host": 12, "started_on": "2026-11-22T10:00:00Z"},
         {"seq": 8, "hqe": 501, "job": 99, "status": "Failed", "failure": "test", "exit_code": 3, "log_tail": "x"},
     ],
+    "host_events": [{"seq": 9, "host": 12, "status": "Repairing", "at": "2026-11-22T10:05:00.25Z"}],
 }
 
 
@@ -69,7 +71,22 @@ def _replace(value: Any, path: tuple[Any, ...], new: Any) -> Any:
 def test_the_designs_example_request_round_trips():
     req = HeartbeatRequest.parse(REQUEST)
     assert all(isinstance(u, Update) for u in req.updates)
+    assert [(e.seq, e.host, e.status, e.at.microsecond) for e in req.host_events] == [(9, 12, "Repairing", 250000)]
     assert HeartbeatRequest.parse(req.to_wire()) == req
+
+
+def test_host_events_are_optional_bounded_and_share_no_seq_with_an_update():
+    without = {k: v for k, v in REQUEST.items() if k != "host_events"}
+    assert HeartbeatRequest.parse(without).host_events == []
+    for events, field in [
+        ({}, "host_events"),
+        ([{"seq": 9, "host": 12, "status": "Ready", "at": "2026-11-22T10:05:00Z"}] * 1001, "host_events"),
+        ([{"seq": 8, "host": 12, "status": "Ready", "at": "2026-11-22T10:05:00Z"}], "host_events[0].seq"),
+        ([{"host": 12}], "host_events[0].seq"),
+    ]:
+        with pytest.raises(WireError) as refused:
+            HeartbeatRequest.parse({**REQUEST, "host_events": events})
+        assert refused.value.field == field
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
@@ -82,8 +99,10 @@ def test_any_value_in_any_request_field_parses_or_names_the_field(path, value):
         assert exc.field and exc.message
         return
     assert all(isinstance(u, Update | RejectedUpdate) for u in req.updates)
+    assert all(isinstance(e, HostEvent | RejectedUpdate) for e in req.host_events)
     again = HeartbeatRequest.parse(json.loads(json.dumps(req.to_wire())))
     assert again.updates == [u for u in req.updates if isinstance(u, Update)]
+    assert again.host_events == [e for e in req.host_events if isinstance(e, HostEvent)]
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)

@@ -5,10 +5,12 @@ import json
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils.dateparse import parse_datetime
 
 from common.constants import MAX_HOSTS_PER_RESPONSE, MAX_JOBS_PER_RESPONSE, PRIORITY_NAMES
 from common.models import Host, HostQueueEntry, Job, Shard
 from master import services
+from master.timeline.models import Interval
 
 
 def known(resp_items):
@@ -275,8 +277,9 @@ def test_response_is_cut_at_its_bound_with_more(fleet, heartbeat, settings):
 
 # Measured and pinned: a change to the heartbeat that adds a query must say why here. The count
 # includes the token's last_used write, which happens at most once a minute, and the upsert of the
-# runs' intervals (timelines), made only when an update starts or ends a run.
-QUERIES_PER_HEARTBEAT = 19
+# runs' intervals (timelines), made only when an update starts or ends a run, and the four of the
+# host events (timelines: read the hosts' intervals, then one DELETE, one UPDATE and one INSERT).
+QUERIES_PER_HEARTBEAT = 23
 
 
 def _heartbeat_queries(heartbeat, n: int) -> int:
@@ -293,11 +296,30 @@ def _heartbeat_queries(heartbeat, n: int) -> int:
     services.lock_hosts(hostnames[: n // 2 + 1], acting_user=None)
     started = "2026-11-23T04:00:00Z"  # a run each: the heartbeat records their intervals too
     updates = [update(i + 1, hqes[j.id], "Running", host=host_ids[i], started_on=started) for i, j in enumerate(jobs)]
+    # Each host's events cut one interval short, remove another and open a third: every statement runs.
+    Interval.objects.bulk_create(
+        Interval(kind=kind, host_id=h, shard=shard, start=parse_datetime(start), end=end and parse_datetime(end))
+        for h in host_ids
+        for kind, start, end in (
+            ("Repairing", "2026-11-23T03:40:00Z", "2026-11-23T03:50:00Z"),
+            ("Repair Failed", "2026-11-23T03:50:00Z", None),
+        )
+    )
+    seqs = iter(range(n + 1, 3 * n + 1))
+    events = [
+        {"seq": next(seqs), "host": h, "status": status, "at": when}
+        for h in host_ids
+        for status, when in (("Cleaning", "2026-11-23T03:45:00Z"), ("Ready", "2026-11-23T03:50:00Z"))
+    ]
     body_hosts = [{"id": i, "version": 1, "status": "Running"} for i in host_ids]
     body_jobs = [{"id": j.id, "version": 1} for j in jobs[: n // 2]]
     with CaptureQueriesContext(connection) as ctx:
-        resp = heartbeat(shard, token, known_hosts=body_hosts, known_jobs=body_jobs, updates=updates)
-    assert [a["result"] for a in resp["acks"]] == ["accepted"] * n
+        resp = heartbeat(
+            shard, token, known_hosts=body_hosts, known_jobs=body_jobs, updates=updates, host_events=events
+        )
+    assert [a["result"] for a in resp["acks"]] == ["accepted"] * 3 * n
+    kinds = Interval.objects.filter(host_id=host_ids[-1]).exclude(kind="run").values_list("kind", "start", "end")
+    assert [(k, s.minute, e.minute) for k, s, e in kinds] == [("Repairing", 40, 45), ("Cleaning", 45, 50)]
     assert len(resp["hosts"]) == n // 2 + 1 and len(resp["jobs"]) == n - n // 2
     assert Host.objects.filter(id__in=host_ids, status="Running").count() == n
     return len(ctx.captured_queries)

@@ -18,8 +18,10 @@ from common.models import Host, HostQueueEntry, Job
 from shard import client as client_module
 from shard import ingest
 from shard.client import HeartbeatClient, HeartbeatFailed, ProtocolRefused, backoff, jittered
-from shard.models import OutboxEntry
-from shard.services import finish_hqe, transition_hqe
+from shard.locks import shard_write
+from shard.models import HostEvent, OutboxEntry
+from shard.outbox import enqueue_host_event
+from shard.services import finish_hqe, move_host, transition_hqe
 from tests.support import Master, free_port, make_world, wait_until
 
 
@@ -295,3 +297,53 @@ def test_a_master_answering_every_wait_at_once_cannot_spin_the_shard():
     server.shutdown()
     assert 2 <= len(asked) <= 4
     assert not client.nudge.is_set()
+
+
+def test_host_events_share_the_outbox_seqs_and_reach_the_masters_timeline(transactional_db, master_server, world):
+
+    client = client_for(master_server, world)
+    client.tick()
+    host_id = world["hosts"][0]
+    hqe = HostQueueEntry.objects.order_by("id").first()
+    with shard_write():
+        move_host(host_id, "Running", held_by="", holder="me")
+        transition_hqe(hqe.id, "Running", host_id=host_id)
+    with shard_write():
+        finish_hqe(hqe.id, "Failed", failure="test", exit_code=1)
+        move_host(host_id, "Repairing", held_by="me", holder="me")
+    with shard_write():
+        move_host(host_id, "Ready", held_by="me", holder="")
+    seqs = sorted(
+        [*OutboxEntry.objects.values_list("seq", flat=True), *HostEvent.objects.values_list("seq", flat=True)]
+    )
+    assert seqs == list(range(seqs[0], seqs[0] + 5)), "one counter numbers updates and host events"
+    body = client.build_request()
+    assert [e["status"] for e in body["host_events"]] == ["Running", "Repairing", "Ready"]
+    client.tick()
+    assert not HostEvent.objects.exists() and not OutboxEntry.objects.exists()
+    kinds = master_server.shell(
+        f"""
+from master.timeline.models import Interval
+result = list(Interval.objects.filter(host_id={host_id}).values_list("kind", "start", "end"))
+"""
+    )
+    assert [k for k, _, _ in kinds] == ["run", "Repairing"]
+    assert kinds[0][2] <= kinds[1][1] < kinds[1][2]
+
+
+def test_host_events_never_overtake_updates_cut_at_the_limit(transactional_db, master_server, world, monkeypatch):
+
+    monkeypatch.setattr(client_module, "MAX_UPDATES_PER_HEARTBEAT", 1)
+    client = client_for(master_server, world)
+    client.tick()
+    first, second = HostQueueEntry.objects.order_by("id")[:2]
+    with shard_write():
+        transition_hqe(first.id, "Running", host_id=world["hosts"][0])
+        early = enqueue_host_event(world["hosts"][0], "Running").seq
+        transition_hqe(second.id, "Running", host_id=world["hosts"][1])
+        enqueue_host_event(world["hosts"][1], "Running")
+    body = client.build_request()
+    assert [u["hqe"] for u in body["updates"]] == [first.id]
+    assert [e["seq"] for e in body["host_events"]] == [], "the event after the update sent is held back"
+    client.tick()
+    assert [e["seq"] for e in client.build_request()["host_events"]] == [early]

@@ -8,7 +8,9 @@ from django.test.utils import CaptureQueriesContext
 from common.models import Host, HostQueueEntry, Job
 from common.wire import HeartbeatResponse
 from shard.ingest import apply_response, known_hosts, known_jobs
-from shard.models import DeadLetter, HostState, OutboxEntry, ShardState
+from shard.locks import shard_write
+from shard.models import DeadLetter, HostEvent, HostState, OutboxEntry, ShardState
+from shard.outbox import enqueue_host_event
 from shard.services import finish_hqe, transition_hqe
 from tests.shard.world import apply_wire
 
@@ -249,3 +251,22 @@ def test_the_shards_side_of_the_heartbeat_costs_pinned_queries(db, django_assert
     with django_assert_num_queries(15):  # the removed hosts' ids are read: one may have no state yet
         apply_wire(response(removed_host_ids=[100, 101]))
     assert sorted(HostState.objects.values_list("host_id", flat=True)) == [1, *range(102, 110)]
+
+
+def _host_events() -> list[int]:
+    return list(HostEvent.objects.values_list("seq", flat=True))
+
+
+def test_host_events_go_once_a_heartbeat_carrying_them_is_answered_acked_or_not(db):
+    """A master without timelines never acks host events: they are dropped with the answer all the same,
+    so the outbox never fills up with them; events the heartbeat did not carry stay."""
+
+    with shard_write():
+        seqs = [enqueue_host_event(12, status).seq for status in ("Cleaning", "Ready", "Repairing")]
+    apply_wire({"acks": [{"seq": seqs[0], "result": "accepted"}]})
+    assert _host_events() == seqs
+    apply_response(HeartbeatResponse.parse({"protocol": 1, "acks": []}), sent_events=seqs[:2])
+    assert _host_events() == seqs[2:]
+    rejected = {"protocol": 1, "acks": [{"seq": seqs[2], "result": "rejected", "error": "host 12 is not yours"}]}
+    apply_response(HeartbeatResponse.parse(rejected), sent_events=seqs[2:])
+    assert _host_events() == [] and not DeadLetter.objects.exists()

@@ -22,8 +22,8 @@ def test_every_status_change_is_an_update_in_order(hqe):
     first, second = pending(10)
     assert first["seq"] < second["seq"]
     assert (first["status"], first["hqe"], first["job"]) == ("Running", 501, 99)
-    assert first["started_on"].endswith("Z")
-    assert second | {"seq": 0, "started_on": "", "finished_on": ""} == {
+    assert first["started_on"].endswith("Z") and first["at"].endswith("Z")
+    assert second | {"seq": 0, "started_on": "", "finished_on": "", "at": ""} == {
         "seq": 0,
         "hqe": 501,
         "job": 99,
@@ -34,6 +34,7 @@ def test_every_status_change_is_an_update_in_order(hqe):
         "failure": "test",
         "exit_code": 3,
         "log_tail": "boom",
+        "at": "",
     }
     assert Job.objects.get(id=99).status == "Failed"
 

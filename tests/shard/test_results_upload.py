@@ -28,7 +28,7 @@ from shard.results_upload import (
     job_owners,
     upload_run,
 )
-from shard.workspace import ARCHIVE, QUARANTINE
+from shard.workspace import ARCHIVE, QUARANTINE, TRACE
 from tests.shard.fleet import ACTIVE, new_shard, sql, submit, writable_by_jobs
 from tests.shard.world import ShardWorld, make_world
 from tests.support import Master, free_port, serve, stop, wait_until
@@ -52,6 +52,9 @@ class Answers:
             raise answer
         self.sent.append((hqe_id, name, data))
         return answer
+
+    def send_trace(self, hqe_id: int, data: bytes) -> Verdict:
+        return self.send(hqe_id, TRACE, data)
 
     def report(self, hqe_id: int, name: str, reason: str) -> Verdict | None:
         answer = self.report_answers.get(name)
@@ -97,6 +100,32 @@ def test_result_files_go_to_the_master_then_to_archive_and_other_files_stay(tmp_
     assert not (run / QUARANTINE).exists()
     assert (run / ARCHIVE).stat().st_uid == os.geteuid()
     assert (run / ARCHIVE / "a.json").read_bytes() == b'{"a": 1}'
+
+
+def test_the_jobs_trace_json_beside_results_goes_first_and_is_archived_or_quarantined_as_answered(tmp_path):
+    run = make_run(tmp_path, {"a.json": b"{}"})
+    (run / TRACE).write_bytes(b'[{"ph": "X", "ts": 0, "dur": 1}]')
+    answers = Answers()
+    assert upload(run, answers)
+    assert [name for _, name, _ in answers.sent] == [TRACE, "a.json"]
+    assert listing(run / ARCHIVE) == ["a.json", TRACE] and not (run / TRACE).exists()
+    (run / TRACE).write_bytes(b"[]")
+    old_master = Verdict(quarantine=True, reason="the master takes no job traces (404)")
+    assert upload(run, Answers(**{TRACE: old_master}))
+    assert listing(run / QUARANTINE) == [TRACE, TRACE + ".error"]
+    (run / TRACE).write_bytes(b"[]")
+    with pytest.raises(MasterUnavailable):
+        upload(run, Answers(**{TRACE: MasterUnavailable("down")}))
+    assert (run / TRACE).exists(), "kept while the master cannot take it"
+
+
+def test_a_trace_json_planted_as_a_link_is_never_opened_but_quarantined(tmp_path):
+    run = make_run(tmp_path, {})
+    (run / TRACE).symlink_to("/etc/passwd")
+    answers = Answers()
+    assert upload(run, answers)
+    assert answers.sent == [] and listing(run / QUARANTINE) == [TRACE, TRACE + ".error"]
+    assert (run / QUARANTINE / (TRACE + ".error")).read_text() == "not sent: a symbolic link\n"
 
 
 def test_a_malformed_file_goes_to_quarantine_with_the_masters_reason_and_the_rest_is_archived(tmp_path):
@@ -416,6 +445,26 @@ def test_the_master_stores_a_file_once_and_a_malformed_one_is_quarantined_with_i
     assert upload_run(run, hqe_id, sender, owners(), threading.Event())
     assert listing(run / ARCHIVE) == ["good.json"]
     assert len(stored_runs(master_server, test)) == 1
+
+
+@pytest.mark.e2e
+def test_the_master_stores_a_jobs_trace_once_and_refuses_a_broken_one(master_server, tmp_path, lab):
+    shard, hqe_id = lab
+    run = make_run(tmp_path, {})
+    sender = sender_of(master_server, shard)
+    (run / TRACE).write_bytes(b"{")
+    assert upload_run(run, hqe_id, sender, owners(), threading.Event())
+    assert listing(run / QUARANTINE) == [TRACE, TRACE + ".error"]
+    assert (run / QUARANTINE / (TRACE + ".error")).read_text().startswith("the master refused it (400): trace.json")
+    (run / TRACE).write_bytes(json.dumps({"traceEvents": [{"name": "step", "ph": "X", "ts": 5, "dur": 3}]}).encode())
+    assert upload_run(run, hqe_id, sender, owners(), threading.Event())
+    assert listing(run / ARCHIVE) == [TRACE]
+    stored = master_rows(master_server, f"SELECT events FROM master_runtrace WHERE hqe_id = {hqe_id}")
+    assert [json.loads(e) if isinstance(e, str) else e for (e,) in stored] == [[["step", "", 0, 3]]]
+    (run / ARCHIVE / TRACE).rename(run / TRACE)
+    assert upload_run(run, hqe_id, sender, owners(), threading.Event())
+    assert listing(run / ARCHIVE) == [TRACE], "sent again after a crash before the move: stored once"
+    assert len(master_rows(master_server, f"SELECT hqe_id FROM master_runtrace WHERE hqe_id = {hqe_id}")) == 1
 
 
 @pytest.mark.e2e

@@ -158,3 +158,82 @@ def test_an_outbox_resent_from_its_start_changes_nothing(fleet, reports):
         record_host_status(a1, status, T0 + timedelta(seconds=second), shard=fleet.lab1)
     assert _states() == first
     _no_partial_overlaps(first)
+
+
+def event(seq, host_id, status, second):
+    return {"seq": seq, "host": host_id, "status": status, "at": at(second).isoformat().replace("+00:00", "Z")}
+
+
+def test_host_events_in_a_heartbeat_become_intervals_and_a_resent_heartbeat_changes_nothing(fleet, heartbeat):
+    a1, a2 = host("a1"), host("a2")
+    events = [
+        event(1, a1.id, "Cleaning", 0),
+        event(2, a2.id, "Repairing", 3),
+        event(3, a1.id, "Ready", 30),
+        event(4, a2.id, "Repair Failed", 40),
+    ]
+    acks = heartbeat(fleet.lab1, fleet.token1, host_events=events)["acks"]
+    assert acks == [{"seq": s, "result": "accepted"} for s in (1, 2, 3, 4)]
+    assert _states("a1") == [("Cleaning", at(0), at(30))]
+    assert _states("a2") == [("Repairing", at(3), at(40)), ("Repair Failed", at(40), None)]
+    assert heartbeat(fleet.lab1, fleet.token1, host_events=events)["acks"] == acks
+    assert _states("a1") == [("Cleaning", at(0), at(30))]
+    assert _states("a2") == [("Repairing", at(3), at(40)), ("Repair Failed", at(40), None)]
+
+
+def test_host_events_follow_the_runs_of_the_same_heartbeat_and_their_acks_follow_the_updates(fleet, heartbeat):
+    hqe = HostQueueEntry.objects.get(job=fleet.job())
+    a1 = host("a1")
+    updates = [update(1, hqe, "Running", host=a1.id, started_on=STARTED), update(3, hqe, "Failed", failure="test")]
+    updates[1]["at"] = FINISHED
+    events = [event(2, a1.id, "Running", 10), event(4, a1.id, "Repairing", 71), event(5, a1.id, "Ready", 90)]
+    acks = heartbeat(fleet.lab1, fleet.token1, updates=updates, host_events=events)["acks"]
+    assert [a["seq"] for a in acks] == [1, 3, 2, 4, 5]
+    assert _states() == [("run", at(10), at(70)), ("Repairing", at(71), at(90))]
+    assert HostQueueEntry.objects.get(id=hqe.id).finished_on == at(70), "an end without finished_on takes at"
+
+
+def test_a_bad_host_event_is_rejected_alone_and_a_shared_seq_is_the_bodys_fault(fleet, heartbeat):
+    a1, b1 = host("a1"), host("b1")
+    events = [
+        event(1, a1.id, "Cleaning", 0),
+        event(2, b1.id, "Cleaning", 0),
+        {"seq": 3, "host": a1.id, "status": "Busy", "at": "2026-11-23T00:00:01Z"},
+        {"seq": 4, "host": a1.id, "status": "Ready"},
+        {"seq": 5, "host": a1.id, "status": "Ready", "at": "2099-01-01T00:00:00Z"},
+    ]
+    acks = heartbeat(fleet.lab1, fleet.token1, host_events=events)["acks"]
+    assert [a["result"] for a in acks] == ["accepted", "rejected", "rejected", "rejected", "rejected"]
+    assert "more than a day ahead of the master's clock" in acks[4]["error"]
+    assert f"host {b1.id} is not a host of shard lab1" in acks[1]["error"]
+    assert acks[2]["error"].startswith("status: expected one of") and acks[3]["error"] == "at: required"
+    assert _states("a1") == [("Cleaning", at(0), None)] and _states("b1") == []
+    hqe = HostQueueEntry.objects.get(job=fleet.job())
+    body = heartbeat(
+        fleet.lab1, fleet.token1, 400, updates=[update(7, hqe, "Running")], host_events=[event(7, a1.id, "Ready", 9)]
+    )
+    assert body["detail"]["field"] == "host_events[0].seq" and "also an update's" in body["error"]
+    assert heartbeat(
+        fleet.lab1, fleet.token1, 400, host_events=[event(2, a1.id, "Ready", 9), event(2, a1.id, "Ready", 9)]
+    )
+    assert _states("a1") == [("Cleaning", at(0), None)] and HostQueueEntry.objects.get(id=hqe.id).status == "Queued"
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(reports=REPORTS, with_run=st.booleans())
+def test_one_heartbeat_of_many_events_records_what_one_report_at_a_time_does(fleet, heartbeat, reports, with_run):
+    """The heartbeat's bulk path and record_host_status are one algorithm: the same reports give the same intervals."""
+    expected = []
+    for bulk in (False, True):
+        Interval.objects.all().delete()
+        if with_run:
+            add_run("a1", 12, 18)
+        a1 = host("a1")
+        if bulk:
+            events = [event(n + 1, a1.id, status, second) for n, (status, second) in enumerate(reports)]
+            heartbeat(fleet.lab1, fleet.token1, host_events=events)
+            assert _states() == expected
+        else:
+            for status, second in reports:
+                record_host_status(a1, status, T0 + timedelta(seconds=second), shard=fleet.lab1)
+            expected = _states()

@@ -1,0 +1,104 @@
+"""A job's own Chrome trace (`trace.json` in its results directory), taken as hostile input: bounded in
+bytes, events and nesting, text cleaned, and reduced to what the export nests in the run's slice.
+
+Only complete events (`"ph": "X"`) with numeric, finite `ts` and `dur >= 0` are kept; their times become
+whole microseconds from the trace's first event, and events that partially overlap the one they start
+in are cut to end with it, so whatever the job wrote, the slices nest as a trace viewer needs.
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import IntegrityError, transaction
+
+from common.models import HostQueueEntry
+from common.wire import MAX_DEPTH, WireError, clean_text, loads
+from master.timeline.models import RunTrace
+
+MAX_TRACE_BYTES = 4 * 1024 * 1024
+MAX_TRACE_EVENTS = 10_000
+MAX_NAME_CHARS = 200
+MAX_CATEGORY_CHARS = 64
+# About 115 days in microseconds: a longer span is no run's.
+MAX_SPAN_US = 10**13
+
+
+class TraceRejected(ValueError):
+    """The file is no Chrome trace the export could use; the message says why."""
+
+
+@dataclass(frozen=True)
+class Stored:
+    trace: RunTrace
+    created: bool
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _text(value: object, limit: int) -> str:
+    return clean_text(value[:limit]) if isinstance(value, str) else ""
+
+
+def sanitised(data: bytes) -> tuple[list[list[Any]], int]:
+    """The events to keep ([name, category, ts_us, dur_us], by ts) and how many were dropped."""
+    if len(data) > MAX_TRACE_BYTES:
+        raise TraceRejected(f"larger than {MAX_TRACE_BYTES} bytes")
+    try:
+        parsed = loads(data)
+    except WireError as exc:
+        raise TraceRejected(f"not a Chrome trace: {exc.message}") from None
+    raw = parsed.get("traceEvents") if isinstance(parsed, dict) else parsed
+    if not isinstance(raw, list):
+        raise TraceRejected('not a Chrome trace: expected {"traceEvents": [...]} or an array of events')
+    kept: list[tuple[float, float, str, str]] = []
+    for event in raw:
+        if not isinstance(event, dict) or event.get("ph") != "X":
+            continue
+        ts: Any = event.get("ts")
+        dur: Any = event.get("dur", 0)
+        if not _number(ts) or not _number(dur) or dur < 0 or abs(ts) > 1e18 or dur > MAX_SPAN_US:
+            continue
+        name = _text(event.get("name"), MAX_NAME_CHARS) or "(unnamed)"
+        kept.append((float(ts), float(dur), name, _text(event.get("cat"), MAX_CATEGORY_CHARS)))
+        if len(kept) > MAX_TRACE_EVENTS:
+            raise TraceRejected(f"more than {MAX_TRACE_EVENTS} complete events")
+    if not kept:
+        raise TraceRejected('no complete ("ph": "X") event with a numeric ts and a dur >= 0')
+    origin = min(ts for ts, *_ in kept)
+    spans = sorted(
+        ((round(ts - origin), round(dur), name, cat) for ts, dur, name, cat in kept), key=lambda e: (e[0], -e[1])
+    )
+    events: list[list[Any]] = []
+    stack: list[int] = []
+    for start, dur, name, cat in spans:
+        if start > MAX_SPAN_US:
+            continue
+        end = start + dur
+        while stack and stack[-1] <= start:
+            stack.pop()
+        if stack and end > stack[-1]:
+            end = stack[-1]  # a partial overlap: cut to end with the slice it starts in
+        if len(stack) >= MAX_DEPTH:
+            continue
+        stack.append(end)
+        events.append([name, cat, start, end - start])
+    return events, len(raw) - len(events)
+
+
+@transaction.atomic
+def store_run_trace(hqe: HostQueueEntry, data: bytes) -> Stored:
+    """Stores the HQE's trace once: a second upload (a retry after a lost answer) changes nothing.
+
+    Raises TraceRejected (nothing stored) for a file the export could not use."""
+    existing = RunTrace.objects.filter(hqe=hqe).first()
+    if existing is not None:
+        return Stored(existing, False)
+    events, dropped = sanitised(data)
+    try:
+        with transaction.atomic():
+            return Stored(RunTrace.objects.create(hqe=hqe, events=events, dropped=dropped), True)
+    except IntegrityError:
+        return Stored(RunTrace.objects.get(hqe=hqe), False)

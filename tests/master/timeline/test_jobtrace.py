@@ -1,0 +1,104 @@
+"""A job's own trace.json: uploaded by its shard as hostile input, kept bounded and nested, and nested
+in its run's slice in the export, shifted to the run and clipped to it."""
+
+import json
+
+import pytest
+
+from common.models import HostQueueEntry
+from master import services
+from master.timeline.export import trace_chunks
+from master.timeline.jobtrace import MAX_TRACE_BYTES, MAX_TRACE_EVENTS, TraceRejected, sanitised
+from master.timeline.models import RunTrace
+from master.timeline.query import scope
+from master.timeline.validate import validate
+from tests.master.api.conftest import client_for
+from tests.master.timeline.factories import add_run, add_state, at
+
+URL = "/api/v1/timeline/trace"
+
+
+def x(name, ts, dur, **extra):
+    return {"name": name, "ph": "X", "ts": ts, "dur": dur, "pid": 1, "tid": 1, **extra}
+
+
+def post(client, hqe_id, body):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return client.post(f"{URL}?hqe={hqe_id}", data=data, content_type="application/octet-stream")
+
+
+def test_only_complete_events_are_kept_relative_to_the_first_and_partial_overlaps_are_cut():
+    events, dropped = sanitised(
+        json.dumps(
+            {
+                "traceEvents": [
+                    x("outer", 1000, 500, cat="setup"),
+                    x("overlaps", 1400, 300),
+                    {"name": "begin", "ph": "B", "ts": 1100},
+                    x("bad", "soon", 1),
+                    x("negative", 1200, -5),
+                    x("a\x00b", 1600, 10.4),
+                ]
+            }
+        ).encode()
+    )
+    assert events == [["outer", "setup", 0, 500], ["overlaps", "", 400, 100], ["a\ufffdb", "", 600, 10]]
+    assert dropped == 3
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"{", "not a Chrome trace: not valid JSON"),
+        (b"[" * 40 + b"]" * 40, "nested deeper than 32"),
+        (b'{"traceEvents": 3}', 'expected {"traceEvents"'),
+        (b'[{"ph": "X", "ts": NaN, "dur": 1}]', "not valid JSON"),
+        (json.dumps([{"ph": "B", "ts": 1}]).encode(), "no complete"),
+        (json.dumps([x("e", i, 1) for i in range(MAX_TRACE_EVENTS + 1)]).encode(), "more than 10000"),
+        (b" " * (MAX_TRACE_BYTES + 1), "larger than"),
+    ],
+)
+def test_hostile_files_are_refused_with_the_reason(data, message):
+    with pytest.raises(TraceRejected, match=message.replace("{", "\\{").replace("[", "\\[")):
+        sanitised(data)
+
+
+def test_a_shard_uploads_its_hqes_trace_once_and_nothing_else_gets_in(fleet):
+    run = add_run("a1", 0, 60)
+    shard, other = client_for(fleet.token1), client_for(fleet.token2)
+    first = post(shard, run.hqe_id, [x("step", 5, 10), {"ph": "C", "ts": 1}])
+    assert first.status_code == 201 and first.json() == {"created": True, "events": 1, "dropped": 1}
+    again = post(shard, run.hqe_id, [x("other", 0, 1)])
+    assert again.status_code == 200 and again.json()["created"] is False
+    assert RunTrace.objects.get().events == [["step", "", 0, 10]]
+    assert post(other, run.hqe_id, [x("e", 0, 1)]).status_code == 403
+    assert post(shard, 10**9, [x("e", 0, 1)]).json()["detail"]["field"] == "hqe"
+    second = add_run("a2", 0, 60)
+    refused = post(shard, second.hqe_id, b"not json")
+    assert refused.status_code == 400 and refused.json()["error"].startswith("trace.json: not a Chrome trace")
+    assert post(shard, second.hqe_id, b" " * (MAX_TRACE_BYTES + 1)).status_code == 413
+    person = client_for(services.create_personal_token("boss", admin=True, acting_user=None)[1])
+    assert post(person, second.hqe_id, [x("e", 0, 1)]).status_code == 403
+    assert RunTrace.objects.count() == 1
+
+
+def test_the_export_nests_a_jobs_events_in_its_run_shifted_and_clipped(fleet):
+    run = add_run("a1", 100, 160)
+    add_state("a1", "Cleaning", 160, 190)
+    data = [x("setup", 7_000_000, 10_000_000), x("test", 8_000_000, 2_000_000), x("late", 60_000_000, 9_000_000)]
+    RunTrace.objects.create(
+        hqe=HostQueueEntry.objects.get(id=run.hqe_id), events=sanitised(json.dumps(data).encode())[0]
+    )
+    trace = json.loads("".join(trace_chunks(scope(at(1000)))))
+    summary = validate(trace)
+    jobs = {e["name"]: (e["ts"], e["dur"]) for e in trace["traceEvents"] if e.get("cat") == "job"}
+    start = int(at(100).timestamp() * 1e6)
+    assert jobs == {
+        "setup": (start, 10_000_000),
+        "test": (start + 1_000_000, 2_000_000),
+        "late": (start + 53_000_000, 7_000_000),
+    }
+    assert summary.slice_us["run"] == 60_000_000
+    clipped = json.loads("".join(trace_chunks(scope(at(1000), since=at(105), until=at(150)))))
+    validate(clipped)
+    assert {e["name"]: e["dur"] for e in clipped["traceEvents"] if e.get("cat") == "job"} == {"setup": 5_000_000}
