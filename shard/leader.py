@@ -52,6 +52,8 @@ class HeartbeatLeadership:
         self.stop = stop
         self.interval_s = interval_s
         self.held = threading.Event()
+        # Set while another live process holds the heartbeat: its answers from the master count here.
+        self.follows = threading.Event()
         self.lost = threading.Event()
         self.lost.set()
         self.shared = connection.vendor == "postgresql"
@@ -76,6 +78,7 @@ class HeartbeatLeadership:
         self.held.set()
 
     def _drop(self) -> None:
+        self.follows.clear()
         self.held.clear()
         self.lost.set()
 
@@ -112,7 +115,10 @@ class HeartbeatLeadership:
             (got,) = cursor.fetchone()
         if got:
             log.info("this process now runs the shard's heartbeat")
+            self.follows.clear()
             self._take()
+        else:
+            self.follows.set()
 
     def _close(self) -> None:
         if self._conn is not None:

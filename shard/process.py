@@ -137,7 +137,7 @@ class ShardProcess:
                 return False
             try:
                 # Another process of this shard holds the heartbeat (elastic workers): its answers count.
-                if recently_accepted(self.client.interval):
+                if self.leadership.follows.is_set() and recently_accepted(self.client.interval):
                     return True
             except DatabaseError as exc:
                 log.warning("cannot read the shard's last heartbeat: %s", exc)
