@@ -105,6 +105,7 @@ class WorkerManager:
         self.clock = clock
         self.metrics = metrics or Metrics()
         self._last_skip: Skip | None = None
+        self._found = False
 
     def tick(self) -> Decision | None:
         """One pass; None when the backend could not say which workers there are (nothing is done)."""
@@ -115,6 +116,10 @@ class WorkerManager:
             self.metrics.errors.labels("list").inc()
             log.warning("cannot list the %s workers: %s", self.backend.name, exc)
             return None
+        if not self._found:
+            self._found = True
+            pending = sum(w.state == WorkerState.PENDING for w in workers)
+            log.info("found %d %s workers of the pool (%d pending)", len(workers), self.backend.name, pending)
         now = self.clock()
         last = last_start(self.key)
         since = (now - last).total_seconds() if last else None

@@ -1,6 +1,7 @@
 """Helpers of the elastic workers' end-to-end tests: a shard whose work only workers run, a manager
 started on it, and a watcher that counts the workers from outside (their processes) as they come and go."""
 
+import contextlib
 import os
 import threading
 import time
@@ -112,7 +113,5 @@ def all_ended(master: Master, shard: LabShard, jobs: list[int]) -> bool:
 
 def kill_workers(shard_hostname: str) -> None:
     for pid in worker_pids(shard_hostname):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, 9)
-        except ProcessLookupError:
-            pass

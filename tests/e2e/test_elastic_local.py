@@ -15,8 +15,8 @@ from tests.e2e.elastic import (
     elastic_shard,
     kill_workers,
     manager_args,
-    worker_pids,
     submit_jobs,
+    worker_pids,
 )
 from tests.shard.fleet import master_hqes
 from tests.support import stop, wait_until

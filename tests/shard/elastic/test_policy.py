@@ -3,8 +3,8 @@ starting and leaving, backend failures, clock steps and manager restarts, the in
 ("Elastic workers") hold. The last start time lives in the real test database, as in production."""
 
 import uuid
-from pathlib import Path
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
