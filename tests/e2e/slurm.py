@@ -9,6 +9,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,6 +94,13 @@ def slurm() -> Iterator[Slurm]:
     why = unavailable()
     if why:
         pytest.skip(why)
+    with running_slurm() as cluster:
+        yield cluster
+
+
+@contextmanager
+def running_slurm() -> Iterator[Slurm]:
+    """Starts munged, slurmctld and slurmd in a fresh directory; stops them and removes it after."""
     base = Path(tempfile.mkdtemp(prefix="fs-slurm-"))
     base.chmod(0o755)
     for sub in ("etc", "state", "spool", "log", "run", "munge"):
