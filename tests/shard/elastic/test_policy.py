@@ -3,66 +3,17 @@ starting and leaving, backend failures, clock steps and manager restarts, the in
 ("Elastic workers") hold. The last start time lives in the real test database, as in production."""
 
 import uuid
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
+from datetime import timedelta
 
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from shard.elastic.backends import Backend, BackendError, WorkerSpec
 from shard.elastic.manager import WorkerManager
 from shard.elastic.policy import Decision, Limits, Skip, Worker, WorkerState, decide
 from shard.models import WorkerPool
-
-EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-class MemoryBackend(Backend):
-    """Workers in a dict; each call can be made to fail, and a start can fail after it took effect."""
-
-    name = "memory"
-
-    def __init__(self, clock: "Clock") -> None:
-        super().__init__(WorkerSpec("memory", ("true",), cwd=Path("."), log_dir=Path(".")))
-        self.clock = clock
-        self.workers: dict[str, Worker] = {}
-        self.next_id = 0
-        self.fail: set[str] = set()
-        self.starts: list[datetime] = []
-        self.stopped: list[tuple[Worker, int]] = []
-        self.queued = 0
-
-    def list_workers(self) -> list[Worker]:
-        if "list" in self.fail:
-            raise BackendError("list failed")
-        return list(self.workers.values())
-
-    def start(self) -> str:
-        self.starts.append(self.clock.now)
-        if "start" in self.fail:
-            raise BackendError("start failed")
-        self.next_id += 1
-        worker = Worker(str(self.next_id), WorkerState.PENDING, order=self.next_id)
-        self.workers[worker.id] = worker
-        if "start-lost" in self.fail:
-            raise BackendError("timed out, though the worker was submitted")
-        return worker.id
-
-    def stop(self, worker_id: str) -> None:
-        if "stop" in self.fail:
-            raise BackendError("stop failed")
-        pending = sum(w.state == WorkerState.PENDING for w in self.workers.values())
-        self.stopped.append((self.workers.pop(worker_id), pending - self.queued))
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = EPOCH
-
-    def __call__(self) -> datetime:
-        return self.now
+from tests.shard.elastic.memory import Clock, MemoryBackend
 
 
 @pytest.mark.django_db
