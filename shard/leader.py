@@ -9,6 +9,7 @@ SQLite allows one process only, so there the heartbeat is always this process's.
 """
 
 import contextlib
+import hashlib
 import logging
 import threading
 from collections.abc import Callable
@@ -41,16 +42,33 @@ def worker_mode_refusal() -> str | None:
     )
 
 
-class HeartbeatLeadership:
-    """Takes and keeps this database's heartbeat lock in a thread of its own.
+def lock_key(name: str) -> int:
+    """A pg_advisory_lock key (a signed 64-bit integer) for a name."""
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
 
-    `lost` is set whenever this process does not hold the heartbeat (and once `stop` is set), so a
+
+class HeartbeatLeadership:
+    """Takes and keeps this database's heartbeat lock (or another advisory lock) in a thread of its own.
+
+    `lost` is set whenever this process does not hold the lock (and once `stop` is set), so a
     heartbeat loop given it stops at once; `held` is set while it does.
     """
 
-    def __init__(self, stop: threading.Event, interval_s: float) -> None:
+    def __init__(
+        self,
+        stop: threading.Event,
+        interval_s: float,
+        key: int = HEARTBEAT_LOCK_KEY,
+        what: str = "the heartbeat",
+        presence: str = "",
+    ) -> None:
         self.stop = stop
         self.interval_s = interval_s
+        self.key = key
+        self.what = what
+        # A scheduler's runner id: held on the same connection while this process lives, so that
+        # processes on other machines can tell it is alive (shard.recovery.runner_alive).
+        self.presence = presence
         self.held = threading.Event()
         # Set while another live process holds the heartbeat: its answers from the master count here.
         self.follows = threading.Event()
@@ -93,7 +111,7 @@ class HeartbeatLeadership:
                     self._try()
                 except DatabaseError as exc:
                     if self.held.is_set():
-                        log.warning("lost the shard's heartbeat lock (%s): another process may take it", exc)
+                        log.warning("lost the lock of %s (%s): another process may take it", self.what, exc)
                     self._drop()
                     self._close()
                 self.stop.wait(self.interval_s)
@@ -107,14 +125,17 @@ class HeartbeatLeadership:
             # Not Django's thread connection: close_old_connections() must never release the lock.
             self._conn = connections.create_connection("default")
             self._conn.ensure_connection()
+            if self.presence:
+                with self._conn.cursor() as cursor:
+                    cursor.execute("SELECT pg_advisory_lock(%s)", [presence_key(self.presence)])
         with self._conn.cursor() as cursor:
             if self.held.is_set():
                 cursor.execute("SELECT 1")
                 return
-            cursor.execute("SELECT pg_try_advisory_lock(%s)", [HEARTBEAT_LOCK_KEY])
+            cursor.execute("SELECT pg_try_advisory_lock(%s)", [self.key])
             (got,) = cursor.fetchone()
         if got:
-            log.info("this process now runs the shard's heartbeat")
+            log.info("this process now runs %s", self.what)
             self.follows.clear()
             self._take()
         else:
@@ -125,6 +146,21 @@ class HeartbeatLeadership:
             with contextlib.suppress(DatabaseError):
                 self._conn.close()
             self._conn = None
+
+
+def presence_key(runner: str) -> int:
+    return lock_key("runner:" + runner)
+
+
+def runner_present(runner: str) -> bool:
+    """Whether a live process holds `runner`'s presence lock in this (PostgreSQL) database now."""
+    key = presence_key(runner)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [key])
+        (free,) = cursor.fetchone()
+        if free:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [key])
+    return not free
 
 
 def recently_accepted(interval_s: float) -> bool:

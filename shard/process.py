@@ -48,7 +48,12 @@ class ShardProcess:
         # Cuts the scheduler's wait between ticks short.
         self.wake = threading.Event()
         self.heartbeat_stop = threading.Event()
-        self.leadership = HeartbeatLeadership(self.heartbeat_stop, settings.FLEETSHARD_HEARTBEAT_INTERVAL_S)
+        self.leadership = HeartbeatLeadership(
+            self.heartbeat_stop,
+            settings.FLEETSHARD_HEARTBEAT_INTERVAL_S,
+            what="the shard's heartbeat",
+            presence=scheduler.runner_id,
+        )
         # Why the shard stopped on its own (the master refused it); None when it was told to.
         self.fatal: str | None = None
         self.scheduler_started = False
@@ -138,6 +143,8 @@ class ShardProcess:
             try:
                 # Another process of this shard holds the heartbeat (elastic workers): its answers count.
                 if self.leadership.follows.is_set() and recently_accepted(self.client.interval):
+                    # The results uploader waits for it too.
+                    self.client.accepted.set()
                     return True
             except DatabaseError as exc:
                 log.warning("cannot read the shard's last heartbeat: %s", exc)

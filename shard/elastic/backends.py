@@ -7,7 +7,6 @@ so a manager restarted finds its workers again. Each backend finds its own by th
 
 import logging
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -132,9 +131,6 @@ def _live_pid(path: Path) -> int | None:
     return pid
 
 
-SLURM_NAME = re.compile(r"[^A-Za-z0-9._-]")
-
-
 @dataclass(frozen=True)
 class SlurmOptions:
     partition: str = ""
@@ -156,7 +152,7 @@ class SlurmBackend(Backend):
     def __init__(self, spec: WorkerSpec, options: SlurmOptions) -> None:
         super().__init__(spec)
         self.options = options
-        self.job_name = SLURM_NAME.sub("_", spec.pool)[:200]
+        self.job_name = spec.pool  # shard.elastic.manager.pool_key: letters, digits, ".", "_" and "-"
 
     def _run(self, argv: Sequence[str]) -> str:
         try:

@@ -8,6 +8,7 @@ starts come closer than the minimum interval.
 
 import hashlib
 import logging
+import re
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
@@ -24,11 +25,13 @@ from shard.models import WorkerPool
 
 log = logging.getLogger("shard.worker_manager")
 
+SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
+
 
 def pool_key(shard_hostname: str, labels: Sequence[str]) -> str:
     """The pool's name: its shard and a digest of its labels (a Slurm job name, a directory name)."""
     digest = hashlib.sha256("\0".join(sorted(set(labels))).encode()).hexdigest()[:10]
-    return f"fleetshard-{shard_hostname}-{digest}"[:200]
+    return f"fleetshard-{SAFE_NAME.sub('_', shard_hostname)[:150]}-{digest}"
 
 
 def queued_for(labels: Sequence[str]) -> "QuerySet[HostQueueEntry]":

@@ -20,7 +20,7 @@ from shard.client import HeartbeatClient
 from shard.elastic.backends import BACKENDS, NOT_BUILT, Backend, LocalBackend, SlurmBackend, SlurmOptions, WorkerSpec
 from shard.elastic.manager import Metrics, WorkerManager, pool_key, queued_for
 from shard.elastic.policy import Limits
-from shard.leader import HeartbeatLeadership, heartbeat_loop, worker_mode_refusal
+from shard.leader import HeartbeatLeadership, heartbeat_loop, lock_key, worker_mode_refusal
 from shard.management.commands.run_shard import shard_token
 
 log = logging.getLogger("shard.worker_manager")
@@ -123,7 +123,10 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
         signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
-        leadership = HeartbeatLeadership(stop, settings.FLEETSHARD_HEARTBEAT_INTERVAL_S)
+        leadership = HeartbeatLeadership(stop, settings.FLEETSHARD_HEARTBEAT_INTERVAL_S, what="the shard's heartbeat")
+        # One manager per pool ticks; another one of the same pool waits as a standby.
+        pool = HeartbeatLeadership(stop, tick_s, key=lock_key(manager.key), what=f"worker pool {manager.key}")
+        pool.start()
         heartbeat = threading.Thread(
             target=heartbeat_loop, args=(client, leadership, refused), name="heartbeat", daemon=True
         )
@@ -139,6 +142,9 @@ class Command(BaseCommand):
             tick_s,
         )
         while not stop.is_set():
+            if not pool.held.is_set():
+                stop.wait(min(tick_s, 0.5))
+                continue
             try:
                 close_old_connections()
                 manager.tick()

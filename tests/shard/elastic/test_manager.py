@@ -2,6 +2,7 @@
 of why it started nothing (once per change), and the command's refusals."""
 
 import logging
+import re
 from datetime import timedelta
 
 import pytest
@@ -30,6 +31,9 @@ def test_a_pool_counts_the_queued_hqes_whose_labels_include_all_of_its_own(world
 def test_pool_names_depend_on_the_shard_and_the_set_of_labels():
     assert pool_key("lab1", ["b", "a"]) == pool_key("lab1", ["a", "b", "a"])
     assert pool_key("lab1", ["a"]) != pool_key("lab2", ["a"]) != pool_key("lab1", ["b"])
+    # A Slurm job name and a directory name: nothing of a hostile hostname gets through.
+    assert re.fullmatch(r"fleetshard-[A-Za-z0-9._-]+", pool_key("../x y;$(rm)\n", ["a"]))
+    assert "/" not in pool_key("a/b", [])
 
 
 @pytest.mark.django_db
