@@ -137,8 +137,9 @@ class ShardProcess:
         """Waits until the master accepts this instance; False when told to stop first."""
         if not self.client.accepted.is_set():
             log.info("waiting for the master to accept this shard instance before touching any run or host")
+        since = time.monotonic()
         while not self.client.accepted.is_set():
-            if self.draining.is_set():
+            if self.draining.is_set() or self._idle_for_long(time.monotonic() - since):
                 return False
             try:
                 # Another process of this shard holds the heartbeat (elastic workers): its answers count.

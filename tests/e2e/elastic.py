@@ -62,7 +62,7 @@ def worker_pids(shard_hostname: str) -> set[int]:
 
 @dataclass
 class WorkerWatch:
-    """Samples the shard's worker processes every 50 ms in a thread: the most at once, and when the
+    """Samples the shard's worker processes every 100 ms in a thread: the most at once, and when the
     last one went."""
 
     shard_hostname: str
@@ -89,7 +89,7 @@ class WorkerWatch:
             self.seen |= pids
             if pids:
                 self.last_seen_at = time.monotonic()
-            self._stop.wait(0.05)
+            self._stop.wait(0.1)
 
 
 def submit_jobs(master: Master, shard: LabShard, command: str = "sleep 1") -> list[int]:

@@ -78,6 +78,8 @@ def test_a_second_manager_of_the_same_pool_waits_until_the_first_is_gone(master_
         (first,) = wait_until(tickers, timeout=60, what="one manager to run the pool")
         time.sleep(2)
         assert tickers() == [first], "two managers ran the pool at once"
+        once = role.manage(*manager_args(shard, "local"), "--once", check=False, timeout=60)
+        assert once.returncode == 1 and "another worker manager runs pool" in once.stderr, once.stderr
         os.killpg(managers[first - 1].pid, signal.SIGKILL)
         wait_until(lambda: len(tickers()) == 2, timeout=10, what="the standby to take the pool over")
     finally:

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tests.shard.fleet import master_hqes, new_shard, sql, submit
-from tests.support import stop, using_postgres, wait_until
+from tests.support import free_port, stop, using_postgres, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -66,6 +66,17 @@ def test_a_worker_runs_its_job_then_exits_cleanly_once_idle(master_server, tmp_p
     assert master_hqes(master_server, [job])[0][1] == "Completed", log
     idle = re.search(r"no run for ([\d.]+) s: exiting", log)
     assert idle and 2 <= float(idle[1]) < 4, log
+
+
+@pytest.mark.postgres_only(reason="a worker shares the shard's PostgreSQL database")
+def test_a_worker_that_never_hears_the_master_still_leaves_once_idle(master_server, tmp_path, started):
+    shard = new_shard(master_server, tmp_path, hosts=1)
+    role = shard.process.role
+    role.extra_env["FLEETSHARD_MASTER_URL"] = f"http://127.0.0.1:{free_port()}"
+    worker = role.start("run_shard", "--exit-when-idle=1", log_name="worker.log")
+    started.append((worker, role.data_dir / "worker.log"))
+    assert worker.wait(60) == 0
+    assert "exiting (--exit-when-idle)" in log_of(shard, "worker")
 
 
 def test_exit_when_idle_refuses_what_is_not_a_number_of_seconds(tmp_path, master_server):

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 
 from common.schema import check_migrated
 from shard.client import HeartbeatClient
@@ -24,6 +24,10 @@ from shard.leader import HeartbeatLeadership, heartbeat_loop, lock_key, worker_m
 from shard.management.commands.run_shard import shard_token
 
 log = logging.getLogger("shard.worker_manager")
+
+MAX_LABELS = 20
+# What names, runs and logs the workers: another value would hide them from the manager.
+MANAGER_SBATCH_OPTIONS = ("-J", "--job-name", "--wrap", "--parsable", "-o", "--output", "-D", "--chdir")
 
 
 class Command(BaseCommand):
@@ -68,8 +72,18 @@ class Command(BaseCommand):
         if not 0 <= options["metrics_port"] < 65536:
             raise CommandError(f"--metrics-port must be a TCP port (0: none), not {options['metrics_port']}")
         labels = [label.strip() for label in options["label"]]
-        if any(not label or len(label) > 255 for label in labels):
-            raise CommandError("each --label must be a label's name (1 to 255 characters)")
+        if any(not label or len(label) > 255 for label in labels) or len(labels) > MAX_LABELS:
+            raise CommandError(f"each --label must be a label's name (1 to 255 characters), {MAX_LABELS} at most")
+        owned = [
+            o
+            for o in options["slurm_sbatch_option"]
+            if o.split("=", 1)[0] in MANAGER_SBATCH_OPTIONS or o[:2] in MANAGER_SBATCH_OPTIONS
+        ]
+        if owned:
+            raise CommandError(
+                f"--slurm-sbatch-option {owned[0]!r}: the manager sets {', '.join(MANAGER_SBATCH_OPTIONS)} itself "
+                "(it finds its workers by their job name)"
+            )
         refusal = worker_mode_refusal()
         if refusal:
             raise CommandError(f"run_worker_manager: {refusal}")
@@ -98,7 +112,15 @@ class Command(BaseCommand):
         metrics = Metrics()
         manager = WorkerManager(backend, limits, key, lambda: queued_for(labels).count(), metrics=metrics)
         if options["once"]:
-            manager.tick()
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_try_advisory_lock(%s)", [lock_key(key)])
+                (free,) = cursor.fetchone()
+                if not free:
+                    raise CommandError(f"another worker manager runs pool {key} now: --once does nothing")
+                try:
+                    manager.tick()
+                finally:
+                    cursor.execute("SELECT pg_advisory_unlock(%s)", [lock_key(key)])
             return
         self.serve(manager, metrics, tick, options["metrics_port"], labels)
 

@@ -84,6 +84,9 @@ def test_a_restarted_manager_keeps_the_interval_since_the_last_start():
         (["--backend=local", "--max-workers=1", "--idle-seconds=0"], "--idle-seconds must be"),
         (["--backend=local", "--max-workers=1", "--tick-seconds=0"], "--tick-seconds must be"),
         (["--backend=local", "--max-workers=1", "--label="], "each --label must be"),
+        (["--backend=local", "--max-workers=1", *[f"--label=l{n}" for n in range(21)]], "20 at most"),
+        (["--backend=slurm", "--max-workers=1", "--slurm-sbatch-option=--job-name=x"], "sets -J, --job-name"),
+        (["--backend=slurm", "--max-workers=1", "--slurm-sbatch-option=-J"], "finds its workers by their job name"),
     ],
 )
 def test_run_worker_manager_refuses_bad_options_with_what_is_wrong(settings, args, error):
