@@ -115,3 +115,15 @@ def run_of(hqe: HostQueueEntry) -> Run | None:
         return hqe.run
     except Run.DoesNotExist:
         return None
+
+
+class WorkerPool(models.Model):
+    """A worker manager's pool (shard.elastic): when it last started a worker, kept here so that a
+    restarted manager still keeps starts `--min-seconds-between-workers` apart. How many workers it
+    has is never stored: the backend's list is the truth."""
+
+    key = models.CharField(max_length=255, unique=True)
+    last_start = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"worker pool {self.key}"

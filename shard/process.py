@@ -13,9 +13,11 @@ import signal
 import threading
 import time
 
-from django.db import DatabaseError, close_old_connections, connection
+from django.conf import settings
+from django.db import DatabaseError, close_old_connections
 
-from shard.client import HeartbeatClient, HeartbeatFailed, ProtocolRefused
+from shard.client import HeartbeatClient, HeartbeatFailed
+from shard.leader import HeartbeatLeadership, heartbeat_loop, recently_accepted
 from shard.log_shipping import LogShipper
 from shard.models import OutboxEntry
 from shard.results_upload import ResultsUploader
@@ -33,10 +35,15 @@ RECORD_GRACE_S = 5.0
 
 
 class ShardProcess:
-    def __init__(self, client: HeartbeatClient, scheduler: Scheduler, *, drain_s: float) -> None:
+    def __init__(
+        self, client: HeartbeatClient, scheduler: Scheduler, *, drain_s: float, exit_when_idle_s: float | None = None
+    ) -> None:
         self.client = client
         self.scheduler = scheduler
         self.drain_s = drain_s
+        # An elastic worker exits once it has had no run of its own (nor host command) this long.
+        self.exit_when_idle_s = exit_when_idle_s
+        self.exited_idle = False
         # No new work; the runs get drain_s to end.
         self.draining = threading.Event()
         # Every run is killed now.
@@ -44,6 +51,12 @@ class ShardProcess:
         # Cuts the scheduler's wait between ticks short.
         self.wake = threading.Event()
         self.heartbeat_stop = threading.Event()
+        self.leadership = HeartbeatLeadership(
+            self.heartbeat_stop,
+            settings.FLEETSHARD_HEARTBEAT_INTERVAL_S,
+            what="the shard's heartbeat",
+            presence=scheduler.runner_id,
+        )
         # Why the shard stopped on its own (the master refused it); None when it was told to.
         self.fatal: str | None = None
         self.scheduler_started = False
@@ -128,28 +141,28 @@ class ShardProcess:
             self.log_shipper.flush(LOG_FLUSH_S)
 
     def _heartbeat_loop(self) -> None:
-        try:
-            while not self.heartbeat_stop.is_set():
-                try:
-                    self.client.run(self.heartbeat_stop, on_ingest=self.wake.set)
-                except ProtocolRefused as exc:
-                    self.fatal = str(exc)
-                    self.stop_at_once()
-                    return
-                except Exception:
-                    # A database hiccup must not end the heartbeat: log it and carry on.
-                    log.exception("heartbeat failed unexpectedly; retrying")
-                    self.heartbeat_stop.wait(1.0)
-        finally:
-            connection.close()
+        heartbeat_loop(self.client, self.leadership, self._refused, on_ingest=self.wake.set)
+
+    def _refused(self, why: str) -> None:
+        self.fatal = why
+        self.stop_at_once()
 
     def _wait_for_acceptance(self) -> bool:
         """Waits until the master accepts this instance; False when told to stop first."""
         if not self.client.accepted.is_set():
             log.info("waiting for the master to accept this shard instance before touching any run or host")
+        since = time.monotonic()
         while not self.client.accepted.is_set():
-            if self.draining.is_set():
+            if self.draining.is_set() or self._idle_for_long(time.monotonic() - since):
                 return False
+            try:
+                # Another process of this shard holds the heartbeat (elastic workers): its answers count.
+                if self.leadership.follows.is_set() and recently_accepted(self.client.interval):
+                    # The results uploader waits for it too.
+                    self.client.accepted.set()
+                    return True
+            except DatabaseError as exc:
+                log.warning("cannot read the shard's last heartbeat: %s", exc)
             self.wake.wait(self.scheduler.config.tick_s)
             self.wake.clear()
         return True
@@ -157,8 +170,13 @@ class ShardProcess:
     def _loop(self) -> None:
         drain_deadline: float | None = None
         stopping_since: float | None = None
+        busy_at = time.monotonic()
         while True:
             now = time.monotonic()
+            if self.scheduler.busy:
+                busy_at = now
+            elif self._idle_for_long(now - busy_at):
+                return
             try:
                 if self.at_once.is_set():
                     self.scheduler.stop_runs(at_once=True)
@@ -187,6 +205,14 @@ class ShardProcess:
             self.wake.wait(self.scheduler.config.tick_s)
             self.wake.clear()
 
+    def _idle_for_long(self, idle_s: float) -> bool:
+        if self.exit_when_idle_s is None or self.draining.is_set() or idle_s < self.exit_when_idle_s:
+            return False
+        log.info("no run for %g s: exiting (--exit-when-idle)", idle_s)
+        self.exited_idle = True
+        self.draining.set()
+        return True
+
     def _may_exit(self, drain_deadline: float | None, stopping_since: float | None) -> bool:
         now = time.monotonic()
         scheduler = self.scheduler
@@ -206,6 +232,8 @@ class ShardProcess:
 
     def _flush(self) -> None:
         """A last heartbeat or two so the master learns how the jobs ended; the outbox keeps the rest."""
+        if not self.leadership.held_when_stopped:
+            return  # the process holding the heartbeat now sends them
         for _ in range(FINAL_HEARTBEATS):
             try:
                 if not OutboxEntry.objects.exists():

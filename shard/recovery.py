@@ -1,16 +1,20 @@
 """Closing what a crashed scheduler process left behind, and telling live schedulers from dead ones.
 
 Each scheduler process marks the HQEs and hosts it handles with its runner id (machine, pid and the
-pid's start time, so a reused pid is not mistaken for the old process). Work marked by a runner
-that no longer exists was abandoned: its HQEs end `Failed`/`infra` and its hosts are repaired.
+pid's start time, so a reused pid is not mistaken for the old process); one on another machine (an
+elastic worker) is alive while it holds its presence lock in the shard's PostgreSQL database. Work
+marked by a runner that no longer exists was abandoned: its HQEs end `Failed`/`infra` and its hosts
+are repaired.
 """
 
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 
+from django.db import DatabaseError, connection
 from django.db.models import Q
 
 from common.constants import FailureClass, HostStatus, HQEStatus
@@ -18,6 +22,7 @@ from common.errors import FleetshardError
 from common.models import Host, HostQueueEntry
 from shard.executor import Executor
 from shard.isolation import take_back
+from shard.leader import runner_present
 from shard.locks import shard_write
 from shard.models import HostState, run_of
 from shard.services import HostTaken, finish_hqe, move_host
@@ -25,6 +30,11 @@ from shard.tracking import proc_stat
 from shard.workspace import run_log_tail
 
 log = logging.getLogger(__name__)
+
+# How long a scheduler process of another machine may be without its presence lock (re-opening its
+# database connection) before its work is taken for abandoned.
+PRESENCE_GRACE_S = 30.0
+_absent_since: dict[str, float] = {}
 
 
 def _start_time(pid: int, *, gone_only: bool = False) -> str | None:
@@ -47,11 +57,28 @@ def runner_alive(runner: str) -> bool:
     except ValueError:
         return False
     if machine != socket.gethostname():
-        return True
+        return remote_runner_alive(runner)
     try:
         return _start_time(pid_number, gone_only=True) == start
     except OSError:
         return True  # unknown is not dead: its runs must not be closed and killed on a failed read
+
+
+def remote_runner_alive(runner: str, now: float | None = None) -> bool:
+    """Whether a scheduler process of another machine lives: on PostgreSQL, while it holds its presence
+    lock (shard.leader), with a grace of PRESENCE_GRACE_S for a connection it is re-opening; elsewhere
+    (and when the database cannot say) it is assumed alive, as nothing here can tell."""
+    if connection.vendor != "postgresql":
+        return True
+    try:
+        present = runner_present(runner)
+    except DatabaseError:
+        return True
+    now = time.monotonic() if now is None else now
+    if present:
+        _absent_since.pop(runner, None)
+        return True
+    return now - _absent_since.setdefault(runner, now) < PRESENCE_GRACE_S
 
 
 def close_abandoned_hqe(hqe: HostQueueEntry, why: str) -> None:
@@ -106,7 +133,7 @@ def recover_abandoned(runner_id: str, executor: Executor) -> list[int]:
         runner = run.runner if run else ""
         if is_alive(runner):
             continue
-        if run and run.pid:
+        if run and run.pid and runner.rsplit(":", 2)[0] == socket.gethostname():
             isolated(f"HQE {hqe.id}: killing its processes", executor.kill_orphan, run.pid, hqe.id)
         isolated(
             f"HQE {hqe.id}: closing",

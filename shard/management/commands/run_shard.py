@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.module_loading import import_string
 
 from common.schema import check_migrated
@@ -25,6 +25,7 @@ from shard.isolation import (
     protect_data,
     read_token_file,
 )
+from shard.leader import worker_mode_refusal
 from shard.metrics import MetricsServer
 from shard.process import ShardProcess
 from shard.scheduler import Scheduler
@@ -65,12 +66,28 @@ class Command(BaseCommand):
 
     help = "Run this shard's heartbeat client and scheduler until SIGTERM (drain) or SIGINT (stop at once)."
 
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--exit-when-idle",
+            type=float,
+            metavar="SECONDS",
+            default=None,
+            help="run as an elastic worker: exit cleanly once this long with no run of its own (PostgreSQL only)",
+        )
+
     def handle(self, *args: Any, **options: Any) -> None:
         if settings.ROLE != "shard":
             raise CommandError(
                 "run_shard needs the shard's settings (FLEETSHARD_ROLE=shard, DJANGO_SETTINGS_MODULE=common.settings), "
                 f"not {settings.SETTINGS_MODULE}, which plays the {settings.ROLE}"
             )
+        exit_when_idle = options["exit_when_idle"]
+        if exit_when_idle is not None:
+            if not 0 < exit_when_idle < 10**9:
+                raise CommandError(f"--exit-when-idle must be a number of seconds above 0, not {exit_when_idle:g}")
+            refusal = worker_mode_refusal()
+            if refusal:
+                raise CommandError(f"--exit-when-idle: {refusal}")
         check_migrated()
         try:
             config = SchedulerConfig.from_settings()
@@ -104,7 +121,7 @@ class Command(BaseCommand):
         if config.job_user is None and not hide_environ():
             log.warning("cannot hide this process's environment from jobs of its own user (prctl unavailable)")
         scheduler = Scheduler(config, executor)
-        process = ShardProcess(client, scheduler, drain_s=settings.FLEETSHARD_DRAIN_S)
+        process = ShardProcess(client, scheduler, drain_s=settings.FLEETSHARD_DRAIN_S, exit_when_idle_s=exit_when_idle)
         signal.signal(signal.SIGTERM, lambda signum, frame: process.on_signal(signum))
         signal.signal(signal.SIGINT, lambda signum, frame: process.on_signal(signum))
         log.info(
