@@ -26,7 +26,8 @@ estimate (the same trade-off: the estimate costs nothing). E-Divisive with a per
 (Chromium's dashboard) came out about even at the same false-alarm rate (a little sooner, a little
 less recall) at 10-50 times the cost and with random p-values; this runs after every upload on
 every series. A step is reported only when its size, as medians of the segments either side, is at
-least `min_change_pct`, so small real changes do not page anyone.
+least `min_change_pct`, so small real changes do not page anyone; a size beyond `MAX_CHANGE_PCT`
+(from a zero timing, or across hundreds of orders of magnitude) is reported as that.
 """
 
 import itertools
@@ -38,6 +39,9 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 MIN_CHANGE_PCT = 5.0
+# The size given to a step from a zero timing, or of more than this (a ten-million-fold slowdown): the
+# database, the REST API's JSON and the charts take no infinity.
+MAX_CHANGE_PCT = 1e9
 MIN_SEGMENT = 3
 MIN_AFTER = 3
 CLIP_SIGMAS = 3.0
@@ -96,7 +100,9 @@ def detect_steps(
         raise ValueError("timings must be finite and non-negative numbers")
     if len(x) < MIN_SEGMENT + min_after:
         return []
-    y = np.log(x) if np.all(x > 0) else x.copy()
+    # With a zero among them the timings are not logged but scaled to at most 1 (z and the clipping
+    # do not depend on the scale), so that sums of timings near the largest float do not overflow.
+    y = np.log(x) if np.all(x > 0) else x / max(float(np.max(x)), 1e-300)
     floor = max(float(np.max(np.abs(y))) * 1e-9, 1e-300)
     sigma = max(noise_level(y), floor)
     rough = _cuts(y, sigma, threshold * FIRST_PASS, min_after)
@@ -136,7 +142,10 @@ def _median(a: np.ndarray) -> float:
     """np.median of a short array without its overhead (it runs after every upload, per series)."""
     s: list[float] = sorted(a.tolist())
     n = len(s)
-    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+    if n % 2:
+        return s[n // 2]
+    middle = (s[n // 2 - 1] + s[n // 2]) / 2
+    return middle if math.isfinite(middle) else s[n // 2 - 1] / 2 + s[n // 2] / 2
 
 
 def _trimmed_sd(d: np.ndarray) -> float:
@@ -228,6 +237,7 @@ def _measure(x: np.ndarray, lo: int, cut: int, hi: int, score: float) -> tuple[S
     before = _median(x[lo:cut])
     after = _median(x[cut:hi])
     change = (after - before) / before * 100 if before > 0 else (math.inf if after > 0 else 0.0)
+    change = min(change, MAX_CHANGE_PCT)
     n1, n2 = cut - lo, hi - cut
     if n2 < CONFIRM_AFTER:
         return Step(cut, before, after, change, score), -math.inf

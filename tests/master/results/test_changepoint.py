@@ -138,6 +138,25 @@ def test_a_step_in_a_series_without_noise_or_with_zeros():
     assert [s.index for s in regressions([0.0] * 30 + [1.0] * 30)] == [30]
 
 
+@pytest.mark.parametrize(("values", "index"), [([0.0] * 20 + [1.0] * 10, 20), ([1e-300] * 20 + [1e300] * 10, 20)])
+def test_a_step_from_zero_or_across_hundreds_of_orders_of_magnitude_has_a_finite_size(values, index):
+    """Its size goes to the database, the REST API's JSON and the charts, none of which takes infinity."""
+    (step,) = detect_steps(values)
+    assert (step.index, step.change_pct) == (index, changepoint.MAX_CHANGE_PCT)
+
+
+def test_timings_near_the_largest_float_are_placed_and_measured_with_zeros_among_them():
+    """With a zero the timings are not logged: their sums must not overflow, nor the medians."""
+    (step,) = detect_steps([0.0] * 50 + [1e308] * 50)
+    assert (step.index, step.before, step.after) == (50, 0.0, 1e308)
+    values = [0.0] + [1e308] * 49 + [1.7e308] * 50
+    (step,) = detect_steps(values)
+    assert (step.index, step.before, step.after) == (50, 1e308, 1.7e308)
+    assert step.change_pct == pytest.approx(70) and np.isfinite(step.score)
+    (step,) = detect_steps([0.0] + [1.7e308] * 50 + [1e308] * 50)
+    assert (step.index, step.before, step.after) == (51, 1.7e308, 1e308)
+
+
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
     spec = importlib.util.spec_from_file_location("regressions_bench", ROOT / "bench" / "regressions.py")
