@@ -2,6 +2,7 @@
 corpus against the Perfherder-style baseline (the full run is the README's table)."""
 
 import importlib.util
+import time
 from types import ModuleType
 
 import numpy as np
@@ -90,6 +91,22 @@ def test_many_weak_cuts_cost_a_few_measures_each_not_one_per_cut_per_dropped_cut
     (cuts,) = cuts_found
     assert cuts >= 20
     assert len(measures) <= 3 * cuts  # measured afresh on every drop, it took about cuts**2 / 2
+
+
+def test_dropping_thousands_of_failing_cuts_one_by_one_costs_time_linear_in_their_number(monkeypatch):
+    """Each drop re-measures only the two neighbours; a pass over every cut per drop took minutes here."""
+    calls = []
+
+    def no_change(x, lo, cut, hi, score):
+        calls.append(cut)
+        return changepoint.Step(cut, 1.0, 1.0, 0.0, score), 0.0
+
+    monkeypatch.setattr(changepoint, "_measure", no_change)
+    cuts = [(i, 4.0) for i in range(3, 60_000, 3)]
+    started = time.process_time()
+    assert changepoint._significant(np.ones(60_000), cuts, 5.0) == []
+    assert time.process_time() - started < 3.0
+    assert len(calls) <= 3 * len(cuts)
 
 
 def test_a_step_smaller_than_the_minimum_change_is_not_reported():
