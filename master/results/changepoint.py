@@ -103,7 +103,8 @@ def detect_steps(
         return []
     # With a zero among them the timings are not logged but scaled to at most 1 (z and the clipping
     # do not depend on the scale), so that sums of timings near the largest float do not overflow.
-    y = np.log(x) if np.all(x > 0) else x / max(float(np.max(x)), 1e-300)
+    peak = float(np.max(x))
+    y = np.log(x) if np.all(x > 0) else x / (peak or 1.0)
     floor = max(float(np.max(np.abs(y))) * 1e-9, 1e-300)
     sigma = max(noise_level(y), floor)
     rough = _cuts(y, sigma, threshold * FIRST_PASS, min_after)
