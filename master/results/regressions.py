@@ -57,19 +57,26 @@ def _check_series(
     starts = [p[0] for p in points]
     values = [p[1] for p in points]
     steps = detect_steps(values)
-    index_of = {start: i for i, start in enumerate(starts)}
+    # Runs may share a start: a regression starts at the first point of its start, and a step at any
+    # point of that start is the same step.
+    index_of: dict[datetime, int] = {}
+    for i, start in enumerate(starts):
+        index_of.setdefault(start, i)
     shown: set[int] = set()  # the known regressions this run of the detector still finds
     for step in steps:
         if not step.is_regression:
             continue
-        near = [r for r in known if abs(index_of.get(r.start, -(10**9)) - step.index) <= SAME_STEP_POINTS]
+        at = starts[step.index]
+        near = [
+            r for r in known if r.start == at or abs(index_of.get(r.start, -(10**9)) - step.index) <= SAME_STEP_POINTS
+        ]
         if near:
             reg = near[0]
             shown.add(reg.id)
-            if reg.status == RegressionStatus.NEW and reg.start != starts[step.index]:
-                clash = any(r.start == starts[step.index] for r in known)
+            if reg.status == RegressionStatus.NEW and reg.start != at:
+                clash = any(r.start == at for r in known)
                 if not clash:
-                    _refine(reg, step, starts[step.index], points[step.index][2])
+                    _refine(reg, step, at, points[index_of[at]][2])
             continue
         try:
             with transaction.atomic():  # a concurrent upload to the series may raise the same step
@@ -77,11 +84,11 @@ def _check_series(
                     test=test,
                     entry=entry,
                     label=label,
-                    start=starts[step.index],
+                    start=at,
                     before_s=step.before,
                     after_s=step.after,
                     change_pct=step.change_pct,
-                    run_id=points[step.index][2],
+                    run_id=points[index_of[at]][2],
                     detected_on=now,
                 )
         except IntegrityError:

@@ -2,6 +2,7 @@
 corpus against the Perfherder-style baseline (the full run is the README's table)."""
 
 import importlib.util
+import time
 from types import ModuleType
 
 import numpy as np
@@ -92,6 +93,22 @@ def test_many_weak_cuts_cost_a_few_measures_each_not_one_per_cut_per_dropped_cut
     assert len(measures) <= 3 * cuts  # measured afresh on every drop, it took about cuts**2 / 2
 
 
+def test_dropping_thousands_of_failing_cuts_one_by_one_costs_time_linear_in_their_number(monkeypatch):
+    """Each drop re-measures only the two neighbours; a pass over every cut per drop took minutes here."""
+    calls = []
+
+    def no_change(x, lo, cut, hi, score):
+        calls.append(cut)
+        return changepoint.Step(cut, 1.0, 1.0, 0.0, score), 0.0
+
+    monkeypatch.setattr(changepoint, "_measure", no_change)
+    cuts = [(i, 4.0) for i in range(3, 60_000, 3)]
+    started = time.process_time()
+    assert changepoint._significant(np.ones(60_000), cuts, 5.0) == []
+    assert time.process_time() - started < 3.0
+    assert len(calls) <= 3 * len(cuts)
+
+
 def test_a_step_smaller_than_the_minimum_change_is_not_reported():
     series = noisy([(50, 1.0), (50, 1.03)], noise=0.002)
     assert detect_steps(series) == []
@@ -136,6 +153,25 @@ def test_a_timing_that_is_not_finite_and_non_negative_is_an_error(bad):
 def test_a_step_in_a_series_without_noise_or_with_zeros():
     assert [s.index for s in regressions([1.0] * 30 + [1.2] * 30)] == [30]
     assert [s.index for s in regressions([0.0] * 30 + [1.0] * 30)] == [30]
+
+
+@pytest.mark.parametrize(("values", "index"), [([0.0] * 20 + [1.0] * 10, 20), ([1e-300] * 20 + [1e300] * 10, 20)])
+def test_a_step_from_zero_or_across_hundreds_of_orders_of_magnitude_has_a_finite_size(values, index):
+    """Its size goes to the database, the REST API's JSON and the charts, none of which takes infinity."""
+    (step,) = detect_steps(values)
+    assert (step.index, step.change_pct) == (index, changepoint.MAX_CHANGE_PCT)
+
+
+def test_timings_near_the_largest_float_are_placed_and_measured_with_zeros_among_them():
+    """With a zero the timings are not logged: their sums must not overflow, nor the medians."""
+    (step,) = detect_steps([0.0] * 50 + [1e308] * 50)
+    assert (step.index, step.before, step.after) == (50, 0.0, 1e308)
+    values = [0.0] + [1e308] * 49 + [1.7e308] * 50
+    (step,) = detect_steps(values)
+    assert (step.index, step.before, step.after) == (50, 1e308, 1.7e308)
+    assert step.change_pct == pytest.approx(70) and np.isfinite(step.score)
+    (step,) = detect_steps([0.0] + [1.7e308] * 50 + [1e308] * 50)
+    assert (step.index, step.before, step.after) == (51, 1.7e308, 1e308)
 
 
 @pytest.fixture(scope="module")

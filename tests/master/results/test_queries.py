@@ -9,6 +9,7 @@ from django.utils import timezone
 from common.models import HostQueueEntry
 from master import services
 from master.models import AuditRecord, Regression, RegressionStatus, TestEntry
+from master.results.changepoint import MAX_CHANGE_PCT
 from master.results.detection import drain
 from master.results.ingest import store_result_file
 from tests.master.results.factories import hour, stepped, tf_file
@@ -103,6 +104,16 @@ def make_regression():
         store("t", hour(i), {"e": value})
     drain()
     return Regression.objects.get()
+
+
+def test_a_regression_from_a_zero_timing_is_listed_with_a_finite_change(fleet, staff):
+    """A benchmark that took 0 s (google-benchmark rounds to it) and then some time is a regression of
+    no finite percentage; the JSON renderer refuses infinity, so listing regressions failed with a 500."""
+    for i, value in enumerate([0.0] * 20 + [1.0] * 10):
+        store("t", hour(i), {"e": value})
+    drain()
+    (row,) = results(staff.get("/api/v1/results/regressions/?test=t"))
+    assert (row["before_s"], row["after_s"], row["change_pct"]) == (0.0, 1.0, MAX_CHANGE_PCT)
 
 
 def test_regressions_list_filters_and_status_change(fleet, staff):

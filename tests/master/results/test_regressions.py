@@ -93,6 +93,22 @@ def test_withdrawing_one_regression_leaves_the_series_other_regressions():
     assert list(Regression.objects.values_list("start", "status")) == [(hour(30), "new")]
 
 
+def test_a_regression_whose_first_slow_runs_share_one_start_is_kept_as_the_series_grows():
+    """Runs of one test may share a start (hosts of one board running it at the same second, or files
+    uploaded again edited). The regression starts at the first of them; matched to the last of them,
+    it was withdrawn by the next upload and raised again by the one after."""
+    for i, value in enumerate(stepped(20, 0)):
+        store_result_file(tf_file("t", hour(i), {"e": value}), f"{i}.json", acting_user=None)
+    for k in range(8):
+        store_result_file(tf_file("t", hour(20), {"e": 1.3 + 0.001 * k}), f"s{k}.json", acting_user=None)
+    drain()
+    (reg,) = Regression.objects.all()
+    assert reg.start == hour(20)
+    for i in range(21, 24):
+        upload_series([1.3], offset=i)
+        assert list(Regression.objects.values_list("id", "start", "status")) == [(reg.id, hour(20), "new")]
+
+
 def test_series_are_split_by_entry_and_test():
     upload_series(stepped(30, 10), entry="slow")
     upload_series(stepped(30, 10, after=1.0), entry="flat")
