@@ -7,7 +7,7 @@ import click
 from cli.action import Run, action
 from cli.client import CliError, segment
 from cli.inputs import LABELS_FILE, need, read_list, split
-from cli.output import Column, plural, table, when, with_moves
+from cli.output import Column, plural, when, with_moves
 
 SHARD_COLUMNS: list[Column] = [
     ("Hostname", "hostname"),
@@ -50,7 +50,7 @@ def shard_create(run: Run, hostname: str, labels: tuple[str, ...], label_file: s
 def shard_list(run: Run) -> None:
     """List shards, with their status (online when they heartbeat)."""
     shards = run.api.list("/shards/")
-    run.done(shards, lambda: table(shards, SHARD_COLUMNS))
+    run.rows(shards, SHARD_COLUMNS, "shards")
 
 
 @shard.command("add_boards")

@@ -342,6 +342,7 @@ class HeartbeatRequest:
     shard: str
     instance: str
     client_version: str = ""
+    outbox_depth: int | None = None
     known_hosts: list[KnownHost] = field(default_factory=list)
     known_jobs: list[KnownJob] = field(default_factory=list)
     updates: list[Update | RejectedUpdate] = field(default_factory=list)
@@ -361,6 +362,7 @@ class HeartbeatRequest:
             shard=f.text("shard", MAX_NAME_CHARS, default=None, empty=False),
             instance=instance,
             client_version=f.text("client_version", MAX_VERSION_CHARS, default=""),
+            outbox_depth=f.integer("outbox_depth", 0, ID_MAX, optional=True),
             known_hosts=_listed_once("known_hosts", "host", f.each("known_hosts", KnownHost.parse)),
             known_jobs=_listed_once("known_jobs", "job", f.each("known_jobs", KnownJob.parse)),
             updates=_parse_updates(updates),
@@ -372,6 +374,7 @@ class HeartbeatRequest:
             "shard": self.shard,
             "instance": self.instance,
             "client_version": self.client_version,
+            **({} if self.outbox_depth is None else {"outbox_depth": self.outbox_depth}),
             "known_hosts": [h.to_wire() for h in self.known_hosts],
             "known_jobs": [j.to_wire() for j in self.known_jobs],
             "updates": [u.to_wire() for u in self.updates if isinstance(u, Update)],

@@ -57,3 +57,8 @@ def enqueue(hqe: HostQueueEntry) -> OutboxEntry:
 
 def pending(limit: int) -> list[dict[str, Any]]:
     return list(OutboxEntry.objects.order_by("seq").values_list("payload", flat=True)[:limit])
+
+
+def outbox_depth() -> int:
+    """Updates waiting to be sent: the master shows it (`shard stat`) as the shard last reported it."""
+    return OutboxEntry.objects.count()

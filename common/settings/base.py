@@ -102,5 +102,10 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("FLEETSHARD_LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        # Its "Retrying (Retry(total=...)) after connection broken by ..." lines repeat, at length, what
+        # the shard's own one-line warning says once per failure with the cause.
+        "urllib3.connectionpool": {"level": "ERROR"},
+    },
 }

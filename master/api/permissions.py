@@ -66,3 +66,18 @@ class IsOwnerOrStaffToAbort(BasePermission):
 
     def has_object_permission(self, request: Request, view: APIView, obj: Any) -> bool:
         return request.method in SAFE_METHODS or may_abort(request.user, obj)
+
+
+class AdminPermissions(AdminPermissionsOrReadOnly):
+    """As AdminPermissionsOrReadOnly, but reading needs a permission too: a view lists it in
+    `read_permission` (codenames, what it reads). The tokens: who holds which is the admins' business."""
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        if request.method not in SAFE_METHODS:
+            return super().has_permission(request, view)
+        codenames, what = getattr(view, "read_permission", ((), ""))
+        if codenames and has_perms(request.user, codenames):
+            return True
+        needed = " and ".join(perm(c) for c in codenames) or "a"
+        self.message = f"only staff with the {needed} permission may {what or 'read this'}"
+        return False

@@ -12,6 +12,7 @@ router.register("hosts", views.HostViewSet, basename="host")
 router.register("shards", views.ShardViewSet, basename="shard")
 router.register("jobs", views.JobViewSet, basename="job")
 router.register("audit", views.AuditViewSet, basename="audit")
+router.register("tokens", views.TokenViewSet, basename="token")
 router.register("results/tests", results.ResultTestViewSet, basename="result-test")
 router.register("results/runs", results.ResultRunViewSet, basename="result-run")
 router.register("results/timings", results.TimingViewSet, basename="result-timing")
@@ -25,5 +26,6 @@ urlpatterns = [
     path("results/quarantined", results.ResultQuarantinedView.as_view(), name="results-quarantined"),
     path("timeline/export", timeline.TimelineExportView.as_view(), name="timeline-export"),
     path("timeline/stats", timeline.TimelineStatsView.as_view(), name="timeline-stats"),
+    path("whoami/", views.WhoAmIView.as_view(), name="whoami"),
     path("", include(router.urls)),
 ]

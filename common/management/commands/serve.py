@@ -61,9 +61,13 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         check_migrated()
         if settings.SECRET_KEY == settings.DEV_SECRET_KEY:
-            msg = "WARNING: SECRET_KEY is not set; using the development key. Never do this in production."
-            log.warning(msg)
-            print(msg, file=sys.stderr, flush=True)
+            # Once, on stderr: the root logger (settings.LOGGING) writes there too, so logging it as
+            # well printed it twice.
+            print(
+                "WARNING: SECRET_KEY is not set; using the development key. Never do this in production.",
+                file=sys.stderr,
+                flush=True,
+            )
         _Gunicorn(
             {
                 "bind": options["bind"],
