@@ -31,7 +31,7 @@ class Interrupted(click.ClickException):
 
 def usage_line(exc: click.UsageError) -> str:
     """click's usage error as one line, naming the command whose --help shows the usage."""
-    message = exc.format_message()
+    message = exc.format_message().rstrip(".")
     ctx = exc.ctx
     where = f" (see {ctx.command_path} --help)" if ctx is not None else ""
     return f"Error: {message}{where}"

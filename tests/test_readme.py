@@ -68,7 +68,7 @@ def matches(expected: list[str], actual: list[str]) -> bool:
 def script(steps: list[Step]) -> str:
     lines = ["exec 2>&1"]
     for i, step in enumerate(steps):
-        lines += [f"echo '@@STEP {i}@@'", step.command, f"echo \"@@RC {i} $?@@\""]
+        lines += [f"echo '@@STEP {i}@@'", step.command, f'echo "@@RC {i} $?@@"']
     return "\n".join(lines) + "\n"
 
 
