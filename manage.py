@@ -25,9 +25,7 @@ def main() -> None:
         and needs != role
         and os.environ.get("DJANGO_SETTINGS_MODULE", "common.settings") == ("common.settings")
     ):
-        sys.exit(
-            f"{command} is a {needs} command: run it with FLEETSHARD_ROLE={needs} (this is FLEETSHARD_ROLE={role})"
-        )
+        sys.exit(f"{command} is a {needs} command: run it with FLEETSHARD_ROLE={needs} (not {role})")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "common.settings")
     from django.core.management import execute_from_command_line
     from django.db import DatabaseError
