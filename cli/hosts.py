@@ -84,11 +84,8 @@ def host_list(run: Run, label: str | None, shard: str | None, status: str | None
 def host_stat(run: Run, hostname: str) -> None:
     """Show one host, the job it runs now and its last runs with their outcomes."""
     obj = run.api.get(f"/hosts/{segment(hostname)}/")
-    current = obj.get("current")
-    now = "nothing"
-    if current:
-        now = f"job {current['job']} ({current['job_name']}), entry {current['id']}, {current['status']}"
-    obj_shown = {**obj, "now": now}
+    now = "; ".join(f"job {e['job']} ({e['job_name']}), entry {e['id']}, {e['status']}" for e in obj["running"])
+    obj_shown = {**obj, "now": now or "nothing"}
     keys = [
         ("Host", "hostname"),
         ("Id", "id"),

@@ -57,7 +57,7 @@ def whoami(run: Run) -> None:
     """Who your token speaks for, and whether it makes you staff."""
     obj = run.api.get("/whoami/")
     roles = [r for r, on in (("staff", obj["is_staff"]), ("superuser", obj["is_superuser"])) if on]
-    tok = obj.get("token") or {}
+    tok = (obj.get("tokens") or [{}])[0]
     shown = {
         "username": obj["username"],
         "roles": ", ".join(roles) or "none",

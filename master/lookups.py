@@ -9,10 +9,10 @@ from common.models import Host, HostQueueEntry, Job, Shard
 RECENT_RUNS = 10
 
 
-def current_run(host: Host) -> HostQueueEntry | None:
-    """The entry the host runs now (Starting or Running); a job never uses a host twice at once."""
-    running = (HQEStatus.STARTING, HQEStatus.RUNNING)
-    return HostQueueEntry.objects.select_related("job").filter(host=host, status__in=running).order_by("-id").first()
+def running(host: Host) -> list[HostQueueEntry]:
+    """The entries the host runs now (Starting or Running): one at most, as the shard runs them."""
+    active = (HQEStatus.STARTING, HQEStatus.RUNNING)
+    return list(HostQueueEntry.objects.select_related("job").filter(host=host, status__in=active).order_by("-id"))
 
 
 def recent_runs(host: Host, limit: int = RECENT_RUNS) -> list[HostQueueEntry]:

@@ -208,13 +208,15 @@ class HostRunSerializer(serializers.ModelSerializer):
 class HostDetailSerializer(HostSerializer):
     """One host with what it is doing and what it did (`fleetshard host stat`)."""
 
-    current = HostRunSerializer(
-        read_only=True, allow_null=True, help_text="The entry it runs now (Starting or Running), if any."
+    # A list, not a nullable object: one entry at most in practice, and OpenAPI 3.0 cannot say "this
+    # component or null" in a way every validator reads.
+    running = HostRunSerializer(
+        many=True, read_only=True, help_text="The entry it runs now (Starting or Running): none or one."
     )
     recent_runs = HostRunSerializer(many=True, read_only=True, help_text="Its last runs that ended, newest first.")
 
     class Meta(HostSerializer.Meta):
-        fields = [*HostSerializer.Meta.fields, "current", "recent_runs"]
+        fields = [*HostSerializer.Meta.fields, "running", "recent_runs"]
         read_only_fields = fields
 
 
@@ -245,8 +247,8 @@ class WhoAmISerializer(serializers.Serializer):
     username = serializers.CharField(read_only=True)
     is_staff = serializers.BooleanField(read_only=True)
     is_superuser = serializers.BooleanField(read_only=True)
-    token = TokenSerializer(
-        read_only=True, allow_null=True, help_text="The token this request came with (null: a login)."
+    tokens = TokenSerializer(
+        many=True, read_only=True, help_text="The token this request came with (none for a login session)."
     )
 
 

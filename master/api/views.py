@@ -175,7 +175,7 @@ class HostViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
     def retrieve(self, request: Request, hostname: str) -> Response:
         """The host, the entry it runs now and its last runs with their outcomes."""
         host = self.get_object()
-        host.current = lookups.current_run(host)  # type: ignore[attr-defined]
+        host.running = lookups.running(host)  # type: ignore[attr-defined]
         host.recent_runs = lookups.recent_runs(host)  # type: ignore[attr-defined]
         return Response(s.HostDetailSerializer(host).data)
 
@@ -486,6 +486,6 @@ class WhoAmIView(views.APIView):
             "username": user.username,
             "is_staff": user.is_staff,
             "is_superuser": user.is_superuser,
-            "token": request.auth if isinstance(request.auth, Token) else None,
+            "tokens": [request.auth] if isinstance(request.auth, Token) else [],
         }
         return Response(s.WhoAmISerializer(data).data)

@@ -18,8 +18,8 @@ def test_whoami(cli, server, fleet):
     text = ok(cli("whoami")).stdout
     assert "User:       boss\nRoles:      staff, superuser\n" in text
     obj = json.loads(ok(cli("whoami", "--json", token=server.user_token)).stdout)
-    assert (obj["username"], obj["is_staff"], obj["token"]["kind"]) == ("ana", False, "personal")
-    assert server.user_token.startswith(obj["token"]["prefix"])
+    assert (obj["username"], obj["is_staff"], obj["tokens"][0]["kind"]) == ("ana", False, "personal")
+    assert server.user_token.startswith(obj["tokens"][0]["prefix"])
 
 
 def test_host_stat_shows_the_current_job_and_the_last_runs(cli, fleet):
@@ -34,7 +34,7 @@ def test_host_stat_shows_the_current_job_and_the_last_runs(cli, fleet):
     assert "Last 1 runs:" in text
     assert re.search(rf"^{done.id}\s+done\s+\d+\s+Failed\s+test\s+3\s", text, re.M), text
     obj = json.loads(ok(cli("host", "stat", "a1", "--json")).stdout)
-    assert obj["current"]["job"] == running.id
+    assert [r["job"] for r in obj["running"]] == [running.id]
     assert [(r["job"], r["status"], r["exit_code"]) for r in obj["recent_runs"]] == [(done.id, "Failed", 3)]
     assert "Running:      nothing" in ok(cli("host", "stat", "a2")).stdout
     assert "No runs yet." in ok(cli("host", "stat", "a2")).stdout
