@@ -39,7 +39,7 @@ def request_failure(exc: BaseException) -> str:
         if isinstance(cause, ConnectionRefusedError):
             return "connection refused"
         if isinstance(cause, ConnectionResetError):
-            return "connection reset"
+            return "the server closed the connection"  # with a reset or without: the same to a person
         if isinstance(cause, OSError) and cause.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH):
             return "network unreachable"
     text = str(exc)
