@@ -35,10 +35,13 @@ def main() -> None:
     except DatabaseError as exc:
         # Django's own commands (createsuperuser, shell, ...) do not check; ours do (common/schema.py).
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        sys.exit(
-            f"database error: {first}. Is the {role}'s database migrated? "
-            f"Run `FLEETSHARD_ROLE={role} python manage.py migrate` (and check DATABASE_URL)"
+        missing = "no such table" in first or ("relation" in first and "does not exist" in first)
+        hint = (
+            f"the {role}'s database is not migrated: run `FLEETSHARD_ROLE={role} python manage.py migrate`"
+            if missing
+            else "check DATABASE_URL and that the database is up"
         )
+        sys.exit(f"database error: {first}. {hint}")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ alone); 124 `job wait --timeout` ran out first (as timeout(1) does); 130 interru
 Every failure is one line on stderr, `Error: ...` (`interrupted` for Ctrl-C), and nothing on stdout.
 """
 
+import os
 import sys
 from typing import Any, NoReturn
 
@@ -57,6 +58,14 @@ def finish(exc: BaseException) -> NoReturn:
         _say("Error: no answer on standard input")
         sys.exit(FAILED)
     raise exc
+
+
+def reader_gone() -> NoReturn:
+    """stdout's reader left (`fleetshard job list | head -1`): nothing to say, and nothing more to write.
+    stdout points at /dev/null so the interpreter's last flush does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    sys.exit(FAILED)
 
 
 def _say(line: str) -> None:

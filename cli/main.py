@@ -33,6 +33,8 @@ class FleetshardGroup(click.Group):
             errors.finish(exc)
         except KeyboardInterrupt:
             errors.finish(errors.Interrupted())
+        except BrokenPipeError:
+            errors.reader_gone()
         raise SystemExit(code if isinstance(code, int) else 0)
 
 

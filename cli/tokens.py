@@ -3,6 +3,7 @@
 import click
 
 from cli.action import Run, action
+from cli.client import CliError
 from cli.inputs import Id
 from cli.output import Column, fields, when
 
@@ -46,8 +47,13 @@ def token_create(run: Run, shard: str | None, description: str) -> None:
 def token_revoke(run: Run, token_ids: tuple[int, ...]) -> None:
     """Revoke tokens: requests with them are refused from now on."""
     wanted = list(dict.fromkeys(token_ids))
-    for token_id in wanted:
-        run.api.request("DELETE", f"/tokens/{token_id}/")
+    for i, token_id in enumerate(wanted):
+        try:
+            run.api.request("DELETE", f"/tokens/{token_id}/")
+        except CliError as exc:
+            if i:  # one request per token: say which went before the failure
+                raise CliError(f"{exc.message} (revoked before it: {', '.join(map(str, wanted[:i]))})") from None
+            raise
     run.done({"revoked": wanted}, f"Revoked tokens: {', '.join(map(str, wanted))}")
 
 

@@ -46,4 +46,5 @@ def test_our_commands_before_migrate_say_which_migrate_to_run(tmp_path, role, ar
 def test_djangos_own_commands_before_migrate_say_which_migrate_to_run(tmp_path):
     role = Role("master", f"sqlite:///{tmp_path / 'x.sqlite3'}", tmp_path)
     proc = role.manage("createsuperuser", "--noinput", "--username", "x", "--email", "x@example.com", check=False)
-    one_line(proc, "database error: no such table", "Run `FLEETSHARD_ROLE=master python manage.py migrate`")
+    migrate = "not migrated: run `FLEETSHARD_ROLE=master python manage.py migrate`"
+    one_line(proc, "database error: no such table", migrate)

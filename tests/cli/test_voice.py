@@ -131,3 +131,26 @@ def test_server_down_names_the_cause(cli, fleet, dead_server):
         cli("label", "list", url=dead_server),
         f"cannot reach the fleetshard server at {dead_server} (connection refused)",
     )
+
+
+def test_a_reader_that_leaves_early_is_no_traceback(server, fleet):
+    env = {**os.environ, "FLEETSHARD_SERVER": server.url, "FLEETSHARD_TOKEN": server.token}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "host", "list"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the command has its answer to print
+    err = proc.stderr.read()
+    assert (proc.wait(30), err) == (1, "")
+
+
+def test_revoking_several_tokens_says_which_went_before_a_failure(cli, server, fleet):
+    from master import services
+
+    token, _ = services.create_personal_token("boss", acting_user=None)
+    fails(cli("token", "revoke", str(token.id), "99999"), f"unknown token 99999 (revoked before it: {token.id})")
