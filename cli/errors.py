@@ -43,6 +43,10 @@ def finish(exc: BaseException) -> NoReturn:
     if isinstance(exc, Interrupted):
         _say("interrupted")
         sys.exit(INTERRUPTED)
+    if isinstance(exc, click.exceptions.NoArgsIsHelpError):
+        # A topic (or nothing) without an action: the help is the answer, not an error line.
+        click.echo(exc.format_message(), err=True)
+        sys.exit(USAGE)
     if isinstance(exc, click.UsageError):
         _say(usage_line(exc))
         sys.exit(USAGE)

@@ -154,3 +154,25 @@ def test_revoking_several_tokens_says_which_went_before_a_failure(cli, server, f
 
     token, _ = services.create_personal_token("boss", acting_user=None)
     fails(cli("token", "revoke", str(token.id), "99999"), f"unknown token 99999 (revoked before it: {token.id})")
+
+
+def test_a_topic_without_an_action_prints_its_help(cli, fleet):
+    result = cli("job")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.startswith("Usage: fleetshard job [OPTIONS] COMMAND [ARGS]...") and "wait" in result.stderr
+    assert "Error" not in result.stderr
+
+
+def test_shell_completion_as_the_readme_documents_it():
+    import shutil
+    from pathlib import Path
+
+    script = shutil.which("fleetshard", path=str(Path(sys.executable).parent))
+    assert script
+    source = subprocess.run([script], env={**os.environ, "_FLEETSHARD_COMPLETE": "bash_source"},
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert source.returncode == 0 and "_fleetshard_completion" in source.stdout
+    env = {**os.environ, "_FLEETSHARD_COMPLETE": "bash_complete", "COMP_WORDS": "fleetshard tok", "COMP_CWORD": "1"}
+    done = subprocess.run([script], env=env, capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["plain,token"]
+    assert "_FLEETSHARD_COMPLETE=bash_source fleetshard" in (ROOT / "README.md").read_text()
