@@ -838,7 +838,11 @@ def print_report(chaos: Chaos, report: Report, stop_problems: list[str]) -> int:
         ("disagree", "HQEs whose master status disagrees with the shard's", report.disagree),
         ("outbox", "outbox entries left", report.outbox),
         ("processes", "processes left running", report.processes),
-        ("host-reuse", "jobs that used a host twice (DESIGN.md: a job never uses a host twice)", report.host_reuse),
+        (
+            "host-reuse",
+            "jobs that used a host twice (docs/design.md: a job never uses a host twice)",
+            report.host_reuse,
+        ),
         ("faults", "faults that did not pass", [f"{f.kind} at {f.at_s:.0f} s: {f.note}" for f in failed_faults]),
         (
             "other",

@@ -1,14 +1,32 @@
 """The frame of every action: its --json, --server and --token options and what it gets to run with."""
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import click
 
 from cli.client import DEFAULT_SERVER, Api
-from cli.output import emit_json, printable
+from cli.output import Column, emit_json, printable, table
+
+JSON_HELP = "Print JSON instead of a table (before or after the action)."
+
+
+def check_server(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A master URL is http:// or https:// and a host: anything else is bad usage, found before sending."""
+    if value is None:
+        return None
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018  # raises on a port that is not a number
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        example = f"http://{value}" if parts is not None and "://" not in value else "http://HOST:PORT"
+        raise click.BadParameter(f"{value!r} is not a master URL: use {example} (or https://)", ctx, param)
+    return value
 
 
 @dataclass
@@ -24,6 +42,10 @@ class Run:
         else:
             click.echo(printable(text() if callable(text) else text))
 
+    def rows(self, rows: Sequence[dict[str, Any]], columns: Sequence[Column], what: str) -> None:
+        """A list: a table, or `No WHAT.` when there is nothing to show (`[]` in JSON)."""
+        self.done(rows, lambda: table(rows, columns) if rows else f"No {what}.")
+
 
 def action(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Adds --json, --server and --token to an action; the action's own --server/--token beat the global ones."""
@@ -32,8 +54,10 @@ def action(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, as_json: bool, server: str | None, token: str | None, **kwargs: Any) -> Any:
         root = click.get_current_context().find_root().params
         api = Api(server or root.get("server") or DEFAULT_SERVER, token or root.get("token"))
-        return fn(Run(api, as_json), *args, **kwargs)
+        return fn(Run(api, as_json or bool(root.get("as_json"))), *args, **kwargs)
 
     wrapper = click.option("--token", metavar="TOKEN", help="API token (overrides FLEETSHARD_TOKEN).")(wrapper)
-    wrapper = click.option("--server", metavar="URL", help="Master URL (overrides FLEETSHARD_SERVER).")(wrapper)
-    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(wrapper)
+    wrapper = click.option(
+        "--server", metavar="URL", callback=check_server, help="Master URL (overrides FLEETSHARD_SERVER)."
+    )(wrapper)
+    return click.option("--json", "as_json", is_flag=True, help=JSON_HELP)(wrapper)

@@ -8,6 +8,8 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
+from common.network import request_failure
+
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 API_PREFIX = "/api/v1"
 
@@ -15,13 +17,14 @@ API_PREFIX = "/api/v1"
 class CliError(click.ClickException):
     """A failure the user can act on: printed as one line on stderr, exit status 1."""
 
-    def __init__(self, message: str, status: int | None = None, reply: str | None = None) -> None:
+    def __init__(self, message: str, status: int | None = None, reply: str | None = None, exit_code: int = 1) -> None:
         # The master's messages quote what users gave it: shown, never acted on by the terminal.
         from cli.output import printable
 
         super().__init__(printable(message))
         self.status = status  # the HTTP status that caused it; None when no answer came
         self.reply = reply  # the API's own error message, as it sent it
+        self.exit_code = exit_code  # type: ignore[misc]  # cli/errors.py: 1, or TIMED_OUT for a wait that ran out
 
 
 def segment(name: str | int) -> str:
@@ -88,17 +91,30 @@ class Api:
                 data=data,
                 headers=headers,
                 timeout=(5, self.timeout),
+                allow_redirects=False,
             )
-        except (requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema, requests.exceptions.InvalidURL):
-            raise CliError(f"invalid server URL {self.server!r}: use http://HOST:PORT") from None
-        except requests.exceptions.Timeout:
-            raise CliError(f"the fleetshard server at {self.server} did not answer within {self.timeout:g} s") from None
-        except requests.exceptions.ConnectionError:
-            raise CliError(
-                f"cannot reach the fleetshard server at {self.server} "
-                "(is it running? set --server or FLEETSHARD_SERVER)"
-            ) from None
+        except requests.exceptions.RequestException as exc:
+            raise self._unreachable(exc) from None
         return self._result(resp)
+
+    def _unreachable(self, exc: requests.exceptions.RequestException, broke_off: bool = False) -> CliError:
+        """A request that got no answer, as one line naming the cause: TLS, time, or no connection."""
+        if isinstance(exc, requests.exceptions.MissingSchema | requests.exceptions.InvalidSchema):
+            return CliError(f"invalid server URL {self.server!r}: use http://HOST:PORT")
+        if isinstance(exc, requests.exceptions.InvalidURL):
+            return CliError(f"invalid server URL {self.server!r}: use http://HOST:PORT")
+        cause = request_failure(exc)
+        if isinstance(exc, requests.exceptions.SSLError):
+            plain = "; it may serve plain HTTP: try http://" if self.server.startswith("https://") else ""
+            return CliError(f"TLS failed with the fleetshard server at {self.server} ({cause}){plain}")
+        if isinstance(exc, requests.exceptions.Timeout):
+            return CliError(f"the fleetshard server at {self.server} did not answer within {self.timeout:g} s")
+        if broke_off and cause == "the answer broke off":
+            return CliError(f"the fleetshard server at {self.server} broke off its answer: try again")
+        return CliError(
+            f"cannot reach the fleetshard server at {self.server} ({cause}): "
+            "is it running? set --server or FLEETSHARD_SERVER"
+        )
 
     def _result(self, resp: requests.Response) -> Any:
         if resp.status_code == 204:
@@ -122,6 +138,15 @@ class Api:
             raise CliError(f"permission denied: {message or 'not allowed'}", status, message)
         if message:
             raise CliError(str(message), status, str(message))
+        if 300 <= status < 400:
+            # A redirect is never the API's answer: the URL is not a master's base URL (the admin's
+            # login page, a proxy sending http to https).
+            raise CliError(
+                f"the server at {self.server} redirected {resp.request.method} {resp.url} to "
+                f"{resp.headers.get('Location') or 'elsewhere'}: --server must be the master's base URL, "
+                "such as http://HOST:8000",
+                status,
+            )
         if status >= 500:
             raise CliError(
                 f"the server at {self.server} failed ({status} {resp.reason}) on {resp.request.method} "
@@ -146,6 +171,7 @@ class Api:
                 headers={"Authorization": f"Bearer {self.token}"},
                 timeout=(5, self.timeout),
                 stream=True,
+                allow_redirects=False,
             )
             if not resp.ok:
                 self._result(resp)
@@ -154,15 +180,8 @@ class Api:
                 target.write(piece)
                 written += len(piece)
             return written
-        except (requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema, requests.exceptions.InvalidURL):
-            raise CliError(f"invalid server URL {self.server!r}: use http://HOST:PORT") from None
-        except requests.exceptions.Timeout:
-            raise CliError(f"the fleetshard server at {self.server} did not answer within {self.timeout:g} s") from None
-        except requests.exceptions.ConnectionError:
-            raise CliError(
-                f"cannot reach the fleetshard server at {self.server} (or it broke off the answer): "
-                "is it running? set --server or FLEETSHARD_SERVER"
-            ) from None
+        except requests.exceptions.RequestException as exc:
+            raise self._unreachable(exc, broke_off=True) from None
 
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params={k: v for k, v in params.items() if v is not None})

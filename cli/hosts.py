@@ -5,8 +5,19 @@ import click
 from cli.action import Run, action
 from cli.client import segment
 from cli.inputs import HOSTS_FILE, LABELS_FILE, key_values, need, read_list, split
-from cli.output import fields, names, table
+from cli.output import Column, fields, names, table, when
 from common.constants import HostStatus
+
+RUN_COLUMNS: list[Column] = [
+    ("Job", "job"),
+    ("Name", "job_name"),
+    ("Entry", "id"),
+    ("Status", "status"),
+    ("Failure", "failure"),
+    ("Exit", "exit_code"),
+    ("Started", when("started_on")),
+    ("Finished", when("finished_on")),
+]
 
 HOST_COLUMNS = [
     ("Hostname", "hostname"),
@@ -64,15 +75,17 @@ def host_list(run: Run, label: str | None, shard: str | None, status: str | None
     """List hosts."""
     status = next((s for s in HostStatus.ALL if status and s.lower() == status.lower()), None)
     hosts = run.api.list("/hosts/", label=label, shard=shard, status=status)
-    run.done(hosts, lambda: table(hosts, HOST_COLUMNS))
+    run.rows(hosts, HOST_COLUMNS, "hosts")
 
 
 @host.command("stat")
 @click.argument("hostname")
 @action
 def host_stat(run: Run, hostname: str) -> None:
-    """Show one host."""
+    """Show one host, the job it runs now and its last runs with their outcomes."""
     obj = run.api.get(f"/hosts/{segment(hostname)}/")
+    now = "; ".join(f"job {e['job']} ({e['job_name']}), entry {e['id']}, {e['status']}" for e in obj["running"])
+    obj_shown = {**obj, "now": now or "nothing"}
     keys = [
         ("Host", "hostname"),
         ("Id", "id"),
@@ -82,8 +95,11 @@ def host_stat(run: Run, hostname: str) -> None:
         ("Lock reason", "lock_reason"),
         ("Labels", "labels"),
         ("Attributes", "attributes"),
+        ("Running", "now"),
     ]
-    run.done(obj, fields(obj, keys))
+    runs = obj.get("recent_runs") or []
+    last = f"\n\nLast {len(runs)} runs:\n" + table(runs, RUN_COLUMNS) if runs else "\n\nNo runs yet."
+    run.done(obj, lambda: fields(obj_shown, keys) + last)
 
 
 @host.command("mod")

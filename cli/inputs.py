@@ -1,11 +1,13 @@
 """Lists given as "a,b" options, repeated options, arguments and -M/-B files (one or more names a line)."""
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import click
 
 from cli.client import CliError
+from common.errors import FleetshardError
 
 
 def split(values: Iterable[str] | str | None) -> list[str]:
@@ -45,3 +47,35 @@ def key_values(pairs: Iterable[str], option: str) -> dict[str, str]:
 
 HOSTS_FILE = click.option("-M", "--mlist", "host_file", metavar="FILE", help="Read hostnames from FILE too.")
 LABELS_FILE = click.option("-B", "--blist", "label_file", metavar="FILE", help="Read labels from FILE too.")
+
+
+class Id(click.ParamType[int]):
+    """A positive whole number naming an object (`job wait abc` is bad usage, said in words)."""
+
+    name = "id"
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return value
+        text = str(value).strip()
+        if text.isascii() and text.isdigit() and 0 < len(text) < 19 and int(text) >= 1:
+            return int(text)
+        self.fail(f"{value!r} is not a {self.kind} id: a {self.kind} id is a whole number from 1", param, ctx)
+
+
+def checked(parse: Callable[[str], Any]) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    """An option callback refusing, as bad usage, what `parse` (the master's own syntax rule, from
+    common/syntax.py) refuses; the value is sent as given."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        for item in value if isinstance(value, tuple) else () if value is None else (value,):
+            try:
+                parse(item)
+            except FleetshardError as exc:
+                raise click.BadParameter(exc.message, ctx, param) from None
+        return value
+
+    return callback

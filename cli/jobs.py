@@ -9,10 +9,14 @@ import click
 
 from cli.action import Run, action
 from cli.client import CliError
-from cli.inputs import HOSTS_FILE, key_values, read_list, split
+from cli.errors import TIMED_OUT
+from cli.inputs import HOSTS_FILE, Id, checked, key_values, read_list, split
 from cli.job_log import job_log
 from cli.output import Column, fields, names, table, when
 from common.constants import DEFAULT_MAX_RUNTIME_MINS, DEFAULT_TIMEOUT_MINS, JobStatus
+from common.syntax import parse_meta_hosts, parse_priority
+
+JOB_ID = Id("job")
 
 # A job in one of these statuses changes no more: `job wait` stops there.
 FINISHED = tuple(s for s in JobStatus.ALL if s not in JobStatus.ACTIVE)
@@ -55,12 +59,20 @@ job.add_command(job_log)
     "meta_hosts",
     multiple=True,
     metavar="LABEL[*N][,...]",
+    callback=checked(parse_meta_hosts),
     help="Any N different hosts with LABEL.",
 )
 @click.option("--hosts", "hosts", multiple=True, metavar="HOST[,HOST]", help="These hosts.")
 @HOSTS_FILE
 @click.option("-d", "--dependencies", "deps", multiple=True, metavar="LABEL[,LABEL]", help="Labels every host needs.")
-@click.option("-p", "--priority", default="default", show_default=True, help="low, default, high, super or a number.")
+@click.option(
+    "-p",
+    "--priority",
+    default="default",
+    show_default=True,
+    callback=checked(parse_priority),
+    help="low, default, high, super or a number.",
+)
 @click.option(
     "--timeout-mins",
     type=click.IntRange(min=1),
@@ -76,7 +88,7 @@ job.add_command(job_log)
     help="Kill after.",
 )
 @click.option("-k", "--keyval", "keyvals", multiple=True, metavar="KEY=VALUE", help="A keyval for the job.")
-@click.option("--parent", type=click.IntRange(min=1), metavar="ID", help="The parent (suite) job.")
+@click.option("--parent", type=JOB_ID, metavar="ID", help="The parent (suite) job.")
 @action
 def job_create(
     run: Run,
@@ -129,11 +141,11 @@ def job_list(run: Run, status: str | None, owner: str | None, shard: str | None,
     jobs = run.api.list("/jobs/", limit=limit or None, status=status, owner=owner, shard=shard)
     if len(jobs) < run.api.total:
         click.echo(f"(the newest {len(jobs)} of {run.api.total} jobs; --limit 0 shows all)", err=True)
-    run.done(jobs, lambda: table(jobs, JOB_COLUMNS))
+    run.rows(jobs, JOB_COLUMNS, "jobs")
 
 
 @job.command("stat")
-@click.argument("job_id", metavar="ID", type=click.IntRange(min=1))
+@click.argument("job_id", metavar="ID", type=JOB_ID)
 @action
 def job_stat(run: Run, job_id: int) -> None:
     """Show one job and its host queue entries."""
@@ -188,7 +200,7 @@ def log_tails(hqes: list[dict[str, Any]], lines: int = 20) -> str:
 
 
 @job.command("abort")
-@click.argument("job_ids", metavar="ID...", nargs=-1, required=True, type=click.IntRange(min=1))
+@click.argument("job_ids", metavar="ID...", nargs=-1, required=True, type=JOB_ID)
 @action
 def job_abort(run: Run, job_ids: tuple[int, ...]) -> None:
     """Abort jobs (yours, or any if you are staff); their shard stops them."""
@@ -204,17 +216,42 @@ def _progress(jobs: list[dict[str, Any]]) -> str:
 
 
 @job.command("wait")
-@click.argument("job_ids", metavar="ID...", nargs=-1, required=True, type=click.IntRange(min=1))
+@click.argument("job_ids", metavar="ID...", nargs=-1, required=True, type=JOB_ID)
 @click.option("--timeout", type=click.FloatRange(min=0), metavar="SECONDS", help="Give up after SECONDS.")
 @click.option(
     "--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True, help="Seconds between polls."
 )
 @action
 def job_wait(run: Run, job_ids: tuple[int, ...], timeout: float | None, interval: float) -> None:
-    """Wait for jobs to finish; exit status 1 unless every one Completed."""
+    """Wait for jobs to finish; exit status 1 unless every one Completed, 124 when --timeout ran out first.
+
+    Ctrl-C stops waiting (exit status 130); the jobs go on."""
     wanted = list(dict.fromkeys(job_ids))
     deadline = None if timeout is None else time.monotonic() + timeout
     live = sys.stderr.isatty()
+    try:
+        jobs, timed_out = _poll(run, wanted, deadline, interval, live)
+    except KeyboardInterrupt:
+        if live:
+            click.echo("", err=True)  # end the progress line before "interrupted"
+        raise
+    if live:
+        click.echo("", err=True)
+    jobs.sort(key=lambda j: wanted.index(j["id"]))
+    completed = all(j["status"] == JobStatus.COMPLETED for j in jobs)
+    run.done({"jobs": jobs, "completed": completed, "timed_out": timed_out}, lambda: table(jobs, JOB_COLUMNS))
+    if timed_out:
+        pending = ", ".join(f"{j['id']} ({j['status']})" for j in jobs if j["status"] not in FINISHED)
+        raise CliError(f"timed out after {timeout:g} s; not finished: job {pending}", exit_code=TIMED_OUT)
+    if not completed:
+        failed = ", ".join(f"{j['id']} ({j['status']})" for j in jobs if j["status"] != JobStatus.COMPLETED)
+        raise CliError(f"not every job completed: job {failed}")
+
+
+def _poll(
+    run: Run, wanted: list[int], deadline: float | None, interval: float, live: bool
+) -> tuple[list[dict[str, Any]], bool]:
+    """Polls until every job finished or the deadline passed; shows the counts by status as they change."""
     shown = ""
     while True:
         jobs = run.api.list("/jobs/", ids=",".join(map(str, wanted)))
@@ -228,16 +265,5 @@ def job_wait(run: Run, job_ids: tuple[int, ...], timeout: float | None, interval
         finished = all(j["status"] in FINISHED for j in jobs)
         timed_out = not finished and deadline is not None and time.monotonic() >= deadline
         if finished or timed_out:
-            break
+            return jobs, timed_out
         time.sleep(interval if deadline is None else max(0.0, min(interval, deadline - time.monotonic())))
-    if live:
-        click.echo("", err=True)
-    jobs.sort(key=lambda j: wanted.index(j["id"]))
-    completed = all(j["status"] == JobStatus.COMPLETED for j in jobs)
-    run.done({"jobs": jobs, "completed": completed, "timed_out": timed_out}, lambda: table(jobs, JOB_COLUMNS))
-    if timed_out:
-        pending = ", ".join(f"{j['id']} ({j['status']})" for j in jobs if j["status"] not in FINISHED)
-        raise CliError(f"timed out after {timeout:g} s; not finished: job {pending}")
-    if not completed:
-        failed = ", ".join(f"{j['id']} ({j['status']})" for j in jobs if j["status"] != JobStatus.COMPLETED)
-        raise CliError(f"not every job completed: job {failed}")

@@ -5,7 +5,7 @@ import click
 from cli.action import Run, action
 from cli.client import segment
 from cli.inputs import HOSTS_FILE, LABELS_FILE, need, read_list, split
-from cli.output import names, plural, table, with_moves
+from cli.output import names, plural, with_moves
 
 LABEL_COLUMNS = [("Id", "id"), ("Name", "name"), ("Shard", "shard")]
 
@@ -42,7 +42,7 @@ def label_delete(run: Run, names_: tuple[str, ...], label_file: str | None) -> N
 def label_list(run: Run, shard: str | None) -> None:
     """List labels."""
     labels = run.api.list("/labels/", shard=shard)
-    run.done(labels, lambda: table(labels, LABEL_COLUMNS))
+    run.rows(labels, LABEL_COLUMNS, "labels")
 
 
 def _label_hosts(run: Run, verb: str, name: str, hosts: tuple[str, ...], host_file: str | None) -> None:

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import click
 
 from cli.action import Run, action
+from cli.inputs import Id
 from cli.output import Column, table, when
 from cli.results_upload import upload
 
@@ -88,7 +89,7 @@ def results() -> None:
 def results_tests(run: Run, since: str | None) -> None:
     """List tests with results: runs and the latest start."""
     rows = run.api.list("/results/tests/", since=since)
-    run.done(rows, lambda: table(rows, TEST_COLUMNS))
+    run.rows(rows, TEST_COLUMNS, "tests with results")
 
 
 @results.command("runs")
@@ -100,7 +101,7 @@ def results_runs(run: Run, test: str, since: str | None, limit: int) -> None:
     """List a test's runs, newest first."""
     rows = run.api.list("/results/runs/", limit=limit or None, test=test, since=since)
     _shown(run, rows, "runs")
-    run.done(rows, lambda: table(rows, RUN_COLUMNS))
+    run.rows(rows, RUN_COLUMNS, "runs")
 
 
 @results.command("timings")
@@ -119,6 +120,8 @@ def results_timings(run: Run, test: str, entry: str, label: str | None, since: s
     def text() -> str:
         shown = table(rows, TIMING_COLUMNS)
         walls = [r["wall_time_s"] for r in rows if r["wall_time_s"] is not None]
+        if not rows:
+            return "No timings."
         return f"{shown}\n{sparkline(walls)}" if walls and sys.stdout.isatty() else shown
 
     run.done(rows, text)
@@ -131,11 +134,11 @@ def results_timings(run: Run, test: str, entry: str, label: str | None, since: s
 def results_regressions(run: Run, test: str | None, status: str | None) -> None:
     """List regressions, most recently detected first."""
     rows = run.api.list("/results/regressions/", test=test, status=status)
-    run.done(rows, lambda: table(rows, REGRESSION_COLUMNS))
+    run.rows(rows, REGRESSION_COLUMNS, "regressions")
 
 
 @results.command("set-status")
-@click.argument("regression_id", metavar="ID", type=click.IntRange(min=1))
+@click.argument("regression_id", metavar="ID", type=Id("regression"))
 @click.argument("status", metavar="STATUS", type=click.Choice(STATUSES))
 @action
 def results_set_status(run: Run, regression_id: int, status: str) -> None:

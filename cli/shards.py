@@ -7,7 +7,7 @@ import click
 from cli.action import Run, action
 from cli.client import CliError, segment
 from cli.inputs import LABELS_FILE, need, read_list, split
-from cli.output import Column, plural, table, when, with_moves
+from cli.output import Column, fields, plural, when, with_moves
 
 SHARD_COLUMNS: list[Column] = [
     ("Hostname", "hostname"),
@@ -50,7 +50,37 @@ def shard_create(run: Run, hostname: str, labels: tuple[str, ...], label_file: s
 def shard_list(run: Run) -> None:
     """List shards, with their status (online when they heartbeat)."""
     shards = run.api.list("/shards/")
-    run.done(shards, lambda: table(shards, SHARD_COLUMNS))
+    run.rows(shards, SHARD_COLUMNS, "shards")
+
+
+@shard.command("stat")
+@click.argument("hostname")
+@action
+def shard_stat(run: Run, hostname: str) -> None:
+    """Show one shard: online or not, its last heartbeat, version, outbox, hosts and jobs by status."""
+    obj = run.api.get(f"/shards/{segment(hostname)}/")
+
+    def counts(key: str) -> str:
+        return ", ".join(f"{n} {status}" for status, n in obj[key].items()) or "none"
+
+    shown = {
+        **obj,
+        "last_heartbeat": when("last_heartbeat")(obj) or "never",
+        "hosts_by_status": counts("hosts_by_status"),
+        "jobs_by_status": counts("jobs_by_status"),
+        "outbox": "unknown" if obj["outbox_depth"] is None else f"{obj['outbox_depth']} updates waiting",
+    }
+    keys = [
+        ("Shard", "hostname"),
+        ("Status", "status"),
+        ("Last heartbeat", "last_heartbeat"),
+        ("Client version", "client_version"),
+        ("Outbox", "outbox"),
+        ("Labels", "labels"),
+        ("Hosts", "hosts_by_status"),
+        ("Jobs", "jobs_by_status"),
+    ]
+    run.done(obj, lambda: fields(shown, keys))
 
 
 @shard.command("add_boards")

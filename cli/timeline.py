@@ -8,7 +8,8 @@ import click
 
 from cli.action import Run, action
 from cli.client import CliError
-from cli.output import Column, table
+from cli.inputs import Id
+from cli.output import Column
 
 WHEN = "an ISO time or an age (90m, 24h, 7d)"
 
@@ -55,9 +56,7 @@ def timeline() -> None:
 )
 @SHARDS
 @LABEL
-@click.option(
-    "--job", "jobs", multiple=True, type=click.IntRange(min=1), metavar="ID", help="Only this job (repeatable)."
-)
+@click.option("--job", "jobs", multiple=True, type=Id("job"), metavar="ID", help="Only this job (repeatable).")
 @SINCE
 @UNTIL
 @action
@@ -104,4 +103,4 @@ def timeline_stats(
 ) -> None:
     """Seconds running, cleaning, repairing and idle, utilisation, runs and queue waits (default: last 24 h)."""
     rows = run.api.get("/timeline/stats", by=by, shard=list(shards) or None, label=label, since=since, until=until)
-    run.done(rows, lambda: table(rows, STATS_COLUMNS))
+    run.rows(rows, STATS_COLUMNS, "hosts busy in that window")

@@ -88,6 +88,9 @@ def hqe_can_move(old: str, new: str) -> bool:
     return new in HQE_TRANSITIONS.get(old, frozenset())
 
 
+# FLEETSHARD_ROLE: the settings this process plays (common/settings/); the first is the default.
+ROLES: Final = ("master", "shard")
+
 PRIORITY_NAMES: Final = {"low": 10, "default": 40, "high": 70, "super": 80}
 DEFAULT_PRIORITY: Final = PRIORITY_NAMES["default"]
 # A job's defaults when its submitter gives none: expire after a day queued, kill after an hour running.

@@ -38,6 +38,8 @@ class Shard(models.Model):
     known_hosts_count = models.PositiveIntegerField(default=0)
     known_jobs_count = models.PositiveIntegerField(default=0)
     last_updates_count = models.PositiveIntegerField(default=0)
+    # Updates waiting in the shard's outbox, as its last heartbeat said (null: it did not say).
+    outbox_depth = models.PositiveBigIntegerField(null=True, blank=True)
     updates_applied = models.PositiveBigIntegerField(
         default=0, help_text="Updates applied since the shard was created."
     )

@@ -366,6 +366,7 @@ class HeartbeatRequest:
     shard: str
     instance: str
     client_version: str = ""
+    outbox_depth: int | None = None
     known_hosts: list[KnownHost] = field(default_factory=list)
     known_jobs: list[KnownJob] = field(default_factory=list)
     updates: list[Update | RejectedUpdate] = field(default_factory=list)
@@ -396,6 +397,7 @@ class HeartbeatRequest:
             shard=shard,
             instance=instance,
             client_version=client_version,
+            outbox_depth=f.integer("outbox_depth", 0, ID_MAX, optional=True),
             known_hosts=known_hosts,
             known_jobs=known_jobs,
             updates=parsed,
@@ -408,6 +410,7 @@ class HeartbeatRequest:
             "shard": self.shard,
             "instance": self.instance,
             "client_version": self.client_version,
+            **({} if self.outbox_depth is None else {"outbox_depth": self.outbox_depth}),
             "known_hosts": [h.to_wire() for h in self.known_hosts],
             "known_jobs": [j.to_wire() for j in self.known_jobs],
             "updates": [u.to_wire() for u in self.updates if isinstance(u, Update)],

@@ -321,6 +321,7 @@ def process_heartbeat(shard_id: int, req: HeartbeatRequest) -> HeartbeatResponse
     Shard.objects.filter(id=shard.id).update(
         last_heartbeat=now,
         client_version=req.client_version,
+        outbox_depth=req.outbox_depth,
         known_hosts_count=len(req.known_hosts),
         known_jobs_count=len(req.known_jobs),
         last_updates_count=len(req.updates),

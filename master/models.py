@@ -77,6 +77,10 @@ class Token(models.Model):
         owner = f"shard {self.shard}" if self.shard_id else f"user {self.user}"
         return f"{self.prefix}… ({owner})"
 
+    @property
+    def kind(self) -> str:
+        return "shard" if self.shard_id else "personal"
+
 
 # Benchmark results live in their own module; Django finds an app's models here.
 from master.logs.models import RunLog, RunLogChunk  # noqa: E402

@@ -19,10 +19,11 @@ from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from common.constants import CLIENT_VERSION, MAX_UPDATES_PER_HEARTBEAT, PROTOCOL_VERSION
+from common.network import request_failure
 from common.wire import HeartbeatResponse, WireError
 from shard.ingest import IngestResult, apply_response, known_hosts, known_jobs
 from shard.instance import ensure_instance
-from shard.outbox import pending, pending_host_events
+from shard.outbox import outbox_depth, pending, pending_host_events
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,7 @@ class HeartbeatClient:
             "known_jobs": known_jobs(),
             "updates": updates,
             "host_events": pending_host_events(MAX_UPDATES_PER_HEARTBEAT, before=cut),
+            "outbox_depth": outbox_depth(),
         }
 
     def exchange(self, body: dict[str, Any]) -> HeartbeatResponse:
@@ -122,13 +124,13 @@ class HeartbeatClient:
         try:
             resp = self.session.post(self.url, json=body, timeout=self.timeout)
         except requests.RequestException as exc:
-            raise HeartbeatFailed(f"cannot reach the master at {self.url}: {exc}") from exc
+            raise HeartbeatFailed(f"cannot reach the master at {self.master_url}: {request_failure(exc)}") from exc
         if resp.status_code == 409:
             if field_of(resp) == "instance":
                 raise InstanceRefused(f"the master refused this shard database: {error_of(resp)}")
             raise ProtocolRefused(f"the master refused protocol {PROTOCOL_VERSION}: {error_of(resp)}")
         if resp.status_code != 200:
-            raise HeartbeatFailed(f"the master answered {resp.status_code}: {error_of(resp)}")
+            raise HeartbeatFailed(f"the master at {self.master_url} answered HTTP {resp.status_code}: {error_of(resp)}")
         try:
             response = HeartbeatResponse.parse(resp.json())
         except ValueError as exc:
@@ -251,7 +253,11 @@ def field_of(resp: requests.Response) -> object:
 
 
 def error_of(resp: requests.Response) -> str:
+    """The master's one-line reason, or the HTTP reason phrase for an answer that is not its JSON (a
+    proxy's HTML page would spread over the log)."""
     try:
-        return str(resp.json().get("error") or resp.text)[:500]
+        message = resp.json().get("error")
     except (ValueError, AttributeError):
-        return resp.text[:200]
+        message = None
+    text = str(message) if message else (resp.reason or "no reason given")
+    return " ".join(text.split())[:300]

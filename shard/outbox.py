@@ -81,3 +81,8 @@ def pending_host_events(limit: int, before: int | None = None) -> list[dict[str,
         HostEventRecord(seq=e.seq, host=e.host_id, status=e.status, at=e.at).to_wire()
         for e in events.only("seq", "host_id", "status", "at")[:limit]
     ]
+
+
+def outbox_depth() -> int:
+    """Updates waiting to be sent: the master shows it (`shard stat`) as the shard last reported it."""
+    return OutboxEntry.objects.count()

@@ -32,6 +32,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from common.constants import MAX_RESULT_FILE_BYTES, MAX_RESULT_FILES_PER_RUN, MAX_RESULT_REASON_CHARS, HQEStatus
+from common.network import request_failure
 from common.wire import clean_text
 from shard.client import HeartbeatClient, backoff, error_of, field_of, jittered, master_session
 from shard.config import SchedulerConfig
@@ -89,7 +90,7 @@ class Sender:
                 timeout=self.timeout,
             )
         except requests.RequestException as exc:
-            raise MasterUnavailable(f"cannot reach the master at {self.url}: {exc}") from exc
+            raise MasterUnavailable(f"cannot reach the master: {request_failure(exc)}") from exc
         code = resp.status_code
         if code in (200, 201):
             return ARCHIVED
@@ -99,7 +100,7 @@ class Sender:
         if code in (403, 404) and field_of(resp) == "hqe":
             reason = f"the master refused HQE {hqe_id} ({code}): {error_of(resp)}"
             return Verdict(quarantine=True, reason=reason, whole_run=True)
-        raise MasterUnavailable(f"the master answered {code}: {error_of(resp)}")
+        raise MasterUnavailable(f"the master answered HTTP {code}: {error_of(resp)}")
 
     def send_trace(self, hqe_id: int, data: bytes) -> Verdict:
         """Uploads the job's own trace.json for the master's timeline."""
@@ -131,7 +132,7 @@ class Sender:
         try:
             resp = self.session.post(self.report_url, params=params, json=body, timeout=self.timeout)
         except requests.RequestException as exc:
-            raise MasterUnavailable(f"cannot reach the master at {self.report_url}: {exc}") from exc
+            raise MasterUnavailable(f"cannot reach the master: {request_failure(exc)}") from exc
         code = resp.status_code
         if code in (200, 201):
             return None
@@ -145,7 +146,7 @@ class Sender:
                 "HQE %s: the master did not record why %s is quarantined (%s): %s", hqe_id, name, code, error_of(resp)
             )
             return None
-        raise MasterUnavailable(f"the master answered {code}: {error_of(resp)}")
+        raise MasterUnavailable(f"the master answered HTTP {code}: {error_of(resp)}")
 
 
 def pending_names(results_fd: int) -> list[str]:

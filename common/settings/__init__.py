@@ -6,7 +6,9 @@ which installs both.
 
 import os
 
-_ROLE = os.environ.get("FLEETSHARD_ROLE", "master")
+from common.constants import ROLES
+
+_ROLE = os.environ.get("FLEETSHARD_ROLE", ROLES[0])
 if _ROLE == "master":
     from common.settings.master import *  # noqa: F403
 elif _ROLE == "shard":

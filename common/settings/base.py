@@ -154,5 +154,10 @@ LOGGING = {
         "console": {"class": "logging.StreamHandler", "formatter": "json" if LOG_FORMAT == "json" else "plain"}
     },
     "root": {"handlers": ["console"], "level": os.environ.get("FLEETSHARD_LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        # Its "Retrying (Retry(total=...)) after connection broken by ..." lines repeat, at length, what
+        # the shard's own one-line warning says once per failure with the cause.
+        "urllib3.connectionpool": {"level": "ERROR"},
+    },
 }

@@ -7,13 +7,29 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
 
 from common.admin_ui import HostColumns
 from common.errors import FleetshardError
-from common.models import Host, Label
-from master import services
+from common.models import Host, HostQueueEntry, Label
+from master import lookups, services
 from master.admin.base import ServiceAdmin, form_action, listed, names_of, with_moves
 from master.admin.forms import HostCreateForm, LabelForm, LockForm
+
+
+def _run(entry: HostQueueEntry) -> SafeString:
+    """`job 12 (smoke), entry 40: Failed (test, exit 3), ended 2026-11-23 06:25` linking the job's page."""
+    url = reverse("admin:common_job_change", args=[entry.job_id])
+    outcome = entry.status + (f" ({entry.failure}" if entry.failure else "")
+    if entry.exit_code is not None:
+        outcome += f", exit {entry.exit_code}" if entry.failure else f" (exit {entry.exit_code}"
+    outcome += ")" if entry.failure or entry.exit_code is not None else ""
+    ended = f", ended {entry.finished_on:%Y-%m-%d %H:%M:%S}" if entry.finished_on else ""
+    return format_html(
+        '<a href="{}">job {} ({})</a>, entry {}: {}{}', url, entry.job_id, entry.job.name, entry.id, outcome, ended
+    )
 
 
 @admin.register(Host)
@@ -31,10 +47,26 @@ class HostAdmin(HostColumns, ServiceAdmin):
         "lock_reason",
         "attributes",
         "version",
+        "running_now",
+        "last_runs",
     ]
     fields = tuple(readonly_fields)
     actions = ["lock_hosts", "unlock_hosts", "add_label", "remove_label", "delete_hosts"]
     add_form = HostCreateForm
+
+    @admin.display(description="running now")
+    def running_now(self, obj: Host) -> SafeString:
+        entries = lookups.running(obj)
+        if not entries:
+            return format_html("{}", "nothing")
+        return format_html_join(", ", "{}", ((_run(e),) for e in entries))
+
+    @admin.display(description=f"last {lookups.RECENT_RUNS} runs")
+    def last_runs(self, obj: Host) -> SafeString:
+        runs = lookups.recent_runs(obj)
+        if not runs:
+            return format_html("{}", "none yet")
+        return format_html("<ul>{}</ul>", format_html_join("", "<li>{}</li>", ((_run(e),) for e in runs)))
 
     def create(self, request: HttpRequest, form: forms.Form) -> HttpResponse:
         data = form.cleaned_data

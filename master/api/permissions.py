@@ -76,3 +76,18 @@ class ApiDocsPermission(BasePermission):
         if settings.FLEETSHARD_PUBLIC_API_DOCS:
             return True
         return bool(request.user and request.user.is_authenticated)
+
+
+class AdminPermissions(AdminPermissionsOrReadOnly):
+    """As AdminPermissionsOrReadOnly, but reading needs a permission too: a view lists it in
+    `read_permission` (codenames, what it reads). The tokens: who holds which is the admins' business."""
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        if request.method not in SAFE_METHODS:
+            return super().has_permission(request, view)
+        codenames, what = getattr(view, "read_permission", ((), ""))
+        if codenames and has_perms(request.user, codenames):
+            return True
+        needed = " and ".join(perm(c) for c in codenames) or "a"
+        self.message = f"only staff with the {needed} permission may {what or 'read this'}"
+        return False

@@ -6,7 +6,6 @@ Input serializers check types and sizes, so that nothing malformed reaches the d
 master.services.
 """
 
-import re
 from typing import Any
 
 from drf_spectacular.utils import extend_schema_field
@@ -19,58 +18,12 @@ from common.constants import (
     FailureClass,
     HostStatus,
 )
-from common.errors import FleetshardError
 from common.models import Host, HostQueueEntry, Job, Label, Shard
-from master.models import AuditRecord, AuditTarget
+from common.syntax import ASCII_DIGITS, parse_meta_hosts, parse_priority
+from master.models import AuditRecord, AuditTarget, Token
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
-_ASCII_DIGITS = re.compile(r"[0-9]+")
-_PRIORITY_RE = re.compile(r"[+-]?[0-9]{1,10}")
-
-
-def parse_priority(value: str | int) -> int:
-    """An integer from -(2^31-1) to 2^31-1 or a priority name. Digits are ASCII only: Python's int()
-    takes '²', '٣' and '1_0', which nobody means as a priority."""
-    names = ", ".join(f"{k}={v}" for k, v in PRIORITY_NAMES.items())
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise FleetshardError(f"invalid priority {value!r}: use an integer or one of {names}", field="priority")
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if text in PRIORITY_NAMES:
-            return PRIORITY_NAMES[text]
-        if not _PRIORITY_RE.fullmatch(text):
-            raise FleetshardError(f"invalid priority {value!r}: use an integer or one of {names}", field="priority")
-        value = int(text)
-    if abs(value) > INT32_MAX:
-        raise FleetshardError(
-            f"invalid priority {value}: it must be between {-INT32_MAX} and {INT32_MAX}", field="priority"
-        )
-    return value
-
-
-def parse_meta_hosts(text: str) -> list[tuple[str, int]]:
-    """`board:pixel7*3,board:x` -> [("board:pixel7", 3), ("board:x", 1)].
-
-    N is plain ASCII decimal digits (not '+3', ' 3', '1_0' or '٣', all of which int() takes); its
-    size is judged by create_job against the per-job bound, so a huge N is an error naming it."""
-    result = []
-    for item in (part.strip() for part in text.split(",")):
-        if not item:
-            continue
-        name, star, count = item.partition("*")
-        if not name.strip():
-            raise FleetshardError(f"invalid meta-host {item!r}: it needs a label before '*'", field="meta_hosts")
-        if star and not _ASCII_DIGITS.fullmatch(count):
-            raise FleetshardError(
-                f"invalid meta-host {item!r}: the count after '*' must be a whole number in ASCII digits, such as "
-                f"{name}*2",
-                field="meta_hosts",
-            )
-        # Python refuses to convert over 4300 digits; any count that long is over the bound anyway.
-        n = (int(count) if len(count) <= 100 else 10**100) if star else 1
-        result.append((name, n))
-    return result
 
 
 def _storable(value: str) -> str:
@@ -121,6 +74,24 @@ class ShardSerializer(serializers.ModelSerializer):
     class Meta:
         model = Shard
         fields = ["id", "hostname", "labels", "status", "last_heartbeat", "hosts", "client_version"]
+        read_only_fields = fields
+
+
+class ShardDetailSerializer(ShardSerializer):
+    """One shard with what a person looks up about it (`fleetshard shard stat`)."""
+
+    outbox_depth = serializers.IntegerField(
+        read_only=True, allow_null=True, help_text="Updates waiting in its outbox at its last heartbeat; null: unknown."
+    )
+    hosts_by_status = serializers.DictField(
+        child=serializers.IntegerField(), read_only=True, help_text="Its hosts counted by status."
+    )
+    jobs_by_status = serializers.DictField(
+        child=serializers.IntegerField(), read_only=True, help_text="Its jobs counted by status."
+    )
+
+    class Meta(ShardSerializer.Meta):
+        fields = [*ShardSerializer.Meta.fields, "outbox_depth", "hosts_by_status", "jobs_by_status"]
         read_only_fields = fields
 
 
@@ -220,6 +191,65 @@ class JobDetailSerializer(JobSerializer):
 
     class Meta(JobSerializer.Meta):
         pass
+
+
+class HostRunSerializer(serializers.ModelSerializer):
+    """A host queue entry as a run of one host: its job and how it ended."""
+
+    failure = _FailureField(help_text="Why a Failed entry failed: test (non-zero exit), timeout or infra.")
+    job_name = serializers.CharField(source="job.name", read_only=True)
+
+    class Meta:
+        model = HostQueueEntry
+        fields = ["id", "job", "job_name", "status", "failure", "exit_code", "started_on", "finished_on"]
+        read_only_fields = fields
+
+
+class HostDetailSerializer(HostSerializer):
+    """One host with what it is doing and what it did (`fleetshard host stat`)."""
+
+    # A list, not a nullable object: one entry at most in practice, and OpenAPI 3.0 cannot say "this
+    # component or null" in a way every validator reads.
+    running = HostRunSerializer(
+        many=True, read_only=True, help_text="The entry it runs now (Starting or Running): none or one."
+    )
+    recent_runs = HostRunSerializer(many=True, read_only=True, help_text="Its last runs that ended, newest first.")
+
+    class Meta(HostSerializer.Meta):
+        fields = [*HostSerializer.Meta.fields, "running", "recent_runs"]
+        read_only_fields = fields
+
+
+class TokenSerializer(serializers.ModelSerializer):
+    kind = serializers.ChoiceField(choices=["personal", "shard"], read_only=True)
+    user: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
+    shard: serializers.SlugRelatedField[Shard] = serializers.SlugRelatedField(
+        slug_field="hostname", read_only=True, allow_null=True
+    )
+
+    class Meta:
+        model = Token
+        fields = ["id", "prefix", "kind", "user", "shard", "description", "created_on", "last_used"]
+        read_only_fields = fields
+
+
+class CreatedTokenSerializer(TokenSerializer):
+    token = serializers.CharField(read_only=True, help_text="The token itself, shown this once only.")
+
+    class Meta(TokenSerializer.Meta):
+        fields = [*TokenSerializer.Meta.fields, "token"]
+        read_only_fields = fields
+
+
+class WhoAmISerializer(serializers.Serializer):
+    username = serializers.CharField(read_only=True)
+    is_staff = serializers.BooleanField(read_only=True)
+    is_superuser = serializers.BooleanField(read_only=True)
+    tokens = TokenSerializer(
+        many=True, read_only=True, help_text="The token this request came with (none for a login session)."
+    )
 
 
 class HostMoveSerializer(serializers.Serializer):
@@ -364,6 +394,16 @@ class ShardHostnamesSerializer(serializers.Serializer):
     hostnames = _names("Shard hostnames to delete.")
 
 
+class TokenCreateSerializer(serializers.Serializer):
+    shard = serializers.CharField(
+        max_length=255, required=False, allow_null=True, default=None, help_text="A heartbeat token for this shard."
+    )
+    description = serializers.CharField(max_length=255, required=False, allow_blank=True, default="")
+
+    def validate_description(self, value: str) -> str:
+        return _storable(value)
+
+
 @extend_schema_field(
     {
         "oneOf": [
@@ -386,7 +426,7 @@ class PriorityField(serializers.Field):
             # parse_priority, which names what is accepted.
             text = data.strip()
             digits = text[1:] if text[:1] in "+-" else text
-            if _ASCII_DIGITS.fullmatch(digits) and (len(digits) > 10 or abs(int(digits)) > INT32_MAX):
+            if ASCII_DIGITS.fullmatch(digits) and (len(digits) > 10 or abs(int(digits)) > INT32_MAX):
                 raise serializers.ValidationError(f"must be between {-INT32_MAX} and {INT32_MAX}")
         return parse_priority(data)
 

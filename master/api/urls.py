@@ -13,6 +13,7 @@ router.register("hosts", views.HostViewSet, basename="host")
 router.register("shards", views.ShardViewSet, basename="shard")
 router.register("jobs", views.JobViewSet, basename="job")
 router.register("audit", views.AuditViewSet, basename="audit")
+router.register("tokens", views.TokenViewSet, basename="token")
 router.register("results/tests", results.ResultTestViewSet, basename="result-test")
 router.register("results/runs", results.ResultRunViewSet, basename="result-run")
 router.register("results/timings", results.TimingViewSet, basename="result-timing")
@@ -34,5 +35,6 @@ urlpatterns = [
     path("timeline/export", timeline.TimelineExportView.as_view(), name="timeline-export"),
     path("timeline/stats", timeline.TimelineStatsView.as_view(), name="timeline-stats"),
     path("timeline/trace", timeline.TimelineTraceView.as_view(), name="timeline-trace"),
+    path("whoami/", views.WhoAmIView.as_view(), name="whoami"),
     path("", include(router.urls)),
 ]

@@ -6,7 +6,7 @@ from typing import Any, TypeVar
 
 from django.db.models import Count, Model, Prefetch, QuerySet
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
-from rest_framework import mixins, status, viewsets
+from rest_framework import mixins, status, views, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.permissions import IsAuthenticated
@@ -16,14 +16,20 @@ from rest_framework.serializers import Serializer
 
 from common.errors import NotFound
 from common.models import Host, HostQueueEntry, Job, Label, Shard
-from master import services
+from master import lookups, services
 from master.api import serializers as s
 from master.api.filters import AuditFilter, HostFilter, JobFilter, LabelFilter
 from master.api.pagination import BoundedLimitOffsetPagination
 from master.api.parsers import BoundedJSONParser
-from master.api.permissions import AdminPermissionsOrReadOnly, IsOwnerOrStaffToAbort, may_abort
+from master.api.permissions import (
+    AdminPermissions,
+    AdminPermissionsOrReadOnly,
+    IsOwnerOrStaffToAbort,
+    has_perms,
+    may_abort,
+)
 from master.api.schema import FleetshardAutoSchema
-from master.models import AuditRecord, AuditTarget
+from master.models import AuditRecord, AuditTarget, Token
 
 NO_CONTENT = OpenApiResponse(description="Done; nothing to return.")
 
@@ -165,6 +171,14 @@ class HostViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
         services.get_hosts([hostname])  # raises the service's "unknown host" error
         return self._object(self.get_queryset().get(hostname=hostname))
 
+    @extend_schema(responses={200: s.HostDetailSerializer})
+    def retrieve(self, request: Request, hostname: str) -> Response:
+        """The host, the entry it runs now and its last runs with their outcomes."""
+        host = self.get_object()
+        host.running = lookups.running(host)  # type: ignore[attr-defined]
+        host.recent_runs = lookups.recent_runs(host)  # type: ignore[attr-defined]
+        return Response(s.HostDetailSerializer(host).data)
+
     @extend_schema(request=s.HostCreateSerializer, responses={201: s.HostSerializer(many=True)})
     def create(self, request: Request) -> Response:
         """Creates hosts, each assigned at once to the shard owning one of its labels; all or none."""
@@ -236,6 +250,14 @@ class ShardViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
     def get_object(self) -> Shard:
         shard = services.get_shard(_path_name(self.kwargs["hostname"], "shard"))
         return self._object(self.get_queryset().get(id=shard.id))
+
+    @extend_schema(responses={200: s.ShardDetailSerializer})
+    def retrieve(self, request: Request, hostname: str) -> Response:
+        """The shard, its outbox depth as it last reported it, and its hosts and jobs counted by status."""
+        shard = self.get_object()
+        shard.hosts_by_status = lookups.hosts_by_status(shard)  # type: ignore[attr-defined]
+        shard.jobs_by_status = lookups.jobs_by_status(shard)  # type: ignore[attr-defined]
+        return Response(s.ShardDetailSerializer(shard).data)
 
     @extend_schema(
         request=s.ShardCreateSerializer,
@@ -399,3 +421,71 @@ class AuditViewSet(mixins.ListModelMixin, _Base):
 
     def get_queryset(self) -> QuerySet:
         return AuditRecord.objects.prefetch_related(Prefetch("targets", AuditTarget.objects.order_by("id")))
+
+
+def _id(raw: str, kind: str) -> int:
+    """An id from the URL: ASCII digits only ('³'.isdigit() is true but int('³') raises)."""
+    raw = _path_name(raw, kind)
+    if not (raw.isascii() and raw.isdigit() and len(raw) < 19):
+        raise NotFound(f"unknown {kind} {raw}", field="id")
+    return int(raw)
+
+
+@extend_schema(tags=["tokens"])
+class TokenViewSet(mixins.ListModelMixin, _Base):
+    """API tokens, for those the admin lets manage them: the raw token is in the create response only."""
+
+    serializer_class = s.TokenSerializer
+    permission_classes = [AdminPermissions]
+    read_permission = (("master.view_token",), "list tokens")
+    write_permissions = {
+        "create": (("master.add_token",), "create tokens"),
+        "destroy": (("master.change_token",), "revoke tokens"),
+    }
+    ordering_fields = ["id", "created_on", "last_used"]
+
+    def get_queryset(self) -> QuerySet:
+        return Token.objects.select_related("user", "shard").order_by("-created_on", "-id")
+
+    @extend_schema(request=s.TokenCreateSerializer, responses={201: s.CreatedTokenSerializer})
+    def create(self, request: Request) -> Response:
+        """A personal token for the caller or, with `shard`, another heartbeat token for that shard."""
+        data = _valid(s.TokenCreateSerializer, request)
+        if data["shard"] is not None:
+            # A shard token speaks for the shard, as in the admin (master/admin/tokens.py).
+            if not has_perms(request.user, ("change_shard",)):
+                raise PermissionDenied("only staff with the common.change_shard permission may create a shard token")
+            token, raw = services.create_shard_token(
+                _path_name(data["shard"], "shard"), description=data["description"], acting_user=request.user
+            )
+        else:
+            token, raw = services.create_personal_token(
+                request.user.username, description=data["description"], acting_user=request.user
+            )
+        token.token = raw  # type: ignore[attr-defined]  # shown in this response only
+        return Response(s.CreatedTokenSerializer(token).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses={204: NO_CONTENT})
+    def destroy(self, request: Request, pk: str) -> Response:
+        """Revokes the token: requests with it are refused from now on."""
+        services.revoke_token(_id(pk, "token"), acting_user=request.user)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+@extend_schema(tags=["tokens"])
+class WhoAmIView(views.APIView):
+    """Who the caller's token speaks for."""
+
+    schema = FleetshardAutoSchema()
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(responses={200: s.WhoAmISerializer})
+    def get(self, request: Request) -> Response:
+        user = request.user
+        data = {
+            "username": user.username,
+            "is_staff": user.is_staff,
+            "is_superuser": user.is_superuser,
+            "tokens": [request.auth] if isinstance(request.auth, Token) else [],
+        }
+        return Response(s.WhoAmISerializer(data).data)

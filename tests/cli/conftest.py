@@ -76,3 +76,11 @@ def run_process(*args: str, env: dict[str, str], input: str | None = None) -> su
 def dead_server() -> str:
     """A URL where nothing listens: a free loopback port."""
     return f"http://127.0.0.1:{free_port()}"
+
+
+def syntax_or_refusal(result: Result, message: str) -> tuple[Result, str, int]:
+    """`fails` arguments: a malformed priority or meta-host is bad usage the command line finds itself
+    (exit 2, click's `Invalid value for ...: ` before the rule's words); anything else the master refuses."""
+    if "invalid meta-host" in message or "invalid priority" in message:
+        return result, message.removeprefix("Error: "), 2
+    return result, message, 1

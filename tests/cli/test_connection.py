@@ -33,7 +33,7 @@ def test_shard_token_is_refused(cli, fleet):
 
 
 def test_server_down(cli, fleet, dead_server):
-    message = f"Error: cannot reach the fleetshard server at {dead_server} (is it running?"
+    message = f"Error: cannot reach the fleetshard server at {dead_server} (connection refused): is it running?"
     fails(cli("label", "list", url=dead_server), message)
     before = snapshot()
     fails(cli("label", "create", "new", url=dead_server), message)
@@ -41,7 +41,7 @@ def test_server_down(cli, fleet, dead_server):
 
 
 def test_invalid_server_url(cli, fleet):
-    fails(cli("label", "list", url="localhost:8000"), "Error: invalid server URL 'localhost:8000'")
+    fails(cli("label", "list", url="localhost:8000"), "'localhost:8000' is not a master URL", code=2)
 
 
 def test_not_a_fleetshard_server(cli, server, fleet):
@@ -81,9 +81,8 @@ def test_the_command_as_a_process(server, fleet):
     proc = run_process("host", "stat", "nosuch", env=env)
     assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", "Error: unknown host nosuch\n")
     proc = run_process("host", "mod", "a1", env=env)
-    assert proc.returncode == 2
-    assert "Usage: fleetshard host mod" in proc.stderr
-    assert "Error: give exactly one of --lock and --unlock" in proc.stderr
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == "Error: give exactly one of --lock and --unlock (see fleetshard host mod --help)\n"
 
 
 def test_the_installed_script(server, fleet):

@@ -97,7 +97,7 @@ def test_host_stat(cli, fleet):
     out = ok(cli("host", "stat", "a1")).stdout
     assert "Host:         a1\n" in out and "Shard:        lab1\n" in out and "Labels:       board:a, wifi\n" in out
     host = json.loads(ok(cli("host", "stat", "b1", "--json")).stdout)
-    assert set(host) == HOST_FIELDS and host["shard"] == "lab2"
+    assert set(host) == HOST_FIELDS | {"running", "recent_runs"} and host["shard"] == "lab2"
     fails(cli("host", "stat", "nosuch"), "Error: unknown host nosuch")
 
 

@@ -4,7 +4,7 @@ import pytest
 from django.contrib.auth.models import Permission, User
 
 from master import services
-from tests.cli.conftest import fails, ok
+from tests.cli.conftest import fails, ok, syntax_or_refusal
 from tests.fleet_state import snapshot
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -40,7 +40,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 )  # fmt: skip
 def test_refused_input_is_one_line_and_changes_nothing(cli, fleet, args, message):
     before = snapshot()
-    fails(cli(*args), message)
+    fails(*syntax_or_refusal(cli(*args), message))
     assert snapshot() == before
 
 

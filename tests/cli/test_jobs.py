@@ -14,7 +14,7 @@ import pytest
 
 from common.models import Host, HostQueueEntry, Job
 from master import services
-from tests.cli.conftest import fails, ok
+from tests.cli.conftest import fails, ok, syntax_or_refusal
 from tests.fleet_state import snapshot
 from tests.support import ROOT, wait_until
 
@@ -87,7 +87,7 @@ def test_job_create_json_with_every_option(cli, fleet, tmp_path):
 )
 def test_job_create_errors_change_nothing(cli, fleet, args, message):
     before = snapshot()
-    fails(cli("job", "create", "-c", "true", *args, "smoke"), message)
+    fails(*syntax_or_refusal(cli("job", "create", "-c", "true", *args, "smoke"), message))
     assert snapshot() == before
 
 
@@ -227,7 +227,7 @@ def test_job_wait_fails_when_a_job_did_not_complete(cli, fleet, heartbeat):
 def test_job_wait_times_out(cli, fleet):
     job = fleet.job()
     result = cli("job", "wait", "--timeout", "0.5", "--interval", "0.1", str(job.id))
-    assert result.exit_code == 1
+    assert result.exit_code == 124  # cli/errors.py: TIMED_OUT
     assert result.stderr.splitlines() == [
         "1 job: 1 Queued",
         f"Error: timed out after 0.5 s; not finished: job {job.id} (Queued)",

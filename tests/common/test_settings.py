@@ -46,8 +46,8 @@ def test_the_master_is_the_default_role(tmp_path):
 
 def test_an_unknown_role_is_refused_by_name(tmp_path):
     proc = Role("lab", f"sqlite:///{tmp_path / 'x.sqlite3'}", tmp_path).manage("check", check=False)
-    assert proc.returncode == 1
-    assert "FLEETSHARD_ROLE must be 'master' or 'shard', not 'lab'" in proc.stderr
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr == "FLEETSHARD_ROLE='lab' is not a role: use master or shard (the default is master)\n"
 
 
 @pytest.mark.parametrize("role, title", [("master", "fleetshard master"), ("shard", "fleetshard shard")])

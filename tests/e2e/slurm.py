@@ -1,4 +1,4 @@
-"""A real single-node Slurm on loopback for the elastic workers' tests (../shared/notes/slurm-single-node.md):
+"""A real single-node Slurm on loopback for the elastic workers' tests:
 munged, slurmctld and slurmd as root in a directory of their own, found by clients through SLURM_CONF."""
 
 import contextlib

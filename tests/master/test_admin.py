@@ -375,3 +375,23 @@ def test_label_delete_action_says_which_hosts_left_which_shard(fleet, staff):
     services.create_hosts(["dut3"], labels=["board:x"], acting_user=None)
     resp = run_action(staff, "label", "delete_labels", [Label.objects.get(name="board:x").id])
     assert messages_of(resp) == ["deleted label board:x; host dut3 left shard lab1"]
+
+
+def test_the_host_page_shows_the_running_job_and_the_last_runs(fleet, staff):
+    from django.utils import timezone
+
+    from common.constants import HQEStatus
+    from common.models import HostQueueEntry
+
+    done = fleet.job("done", hosts=["a1"], meta_hosts=[])
+    now = fleet.job("now", hosts=["a1"], meta_hosts=[])
+    HostQueueEntry.objects.filter(job=done).update(
+        status=HQEStatus.FAILED, failure="test", exit_code=3, finished_on=timezone.now()
+    )
+    HostQueueEntry.objects.filter(job=now).update(status=HQEStatus.RUNNING)
+    page = staff.get(url("host", f"{Host.objects.get(hostname='a1').id}/change")).content.decode()
+    running = HostQueueEntry.objects.get(job=now).id
+    assert f'<a href="/admin/common/job/{now.id}/change/">job {now.id} (now)</a>, entry {running}: Running' in page
+    assert f"job {done.id} (done)</a>, entry" in page and ": Failed (test, exit 3), ended " in page
+    idle = staff.get(url("host", f"{Host.objects.get(hostname='a2').id}/change")).content.decode()
+    assert "nothing" in idle and "none yet" in idle

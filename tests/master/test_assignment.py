@@ -4,8 +4,8 @@ import pytest
 
 from common.errors import FleetshardError, NotFound, Refused
 from common.models import Host, HostQueueEntry, Job, Label
+from common.syntax import parse_priority
 from master import services
-from master.api.serializers import parse_priority
 
 
 def host(name: str) -> Host:

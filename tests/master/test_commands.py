@@ -32,7 +32,7 @@ def test_create_token_is_recorded_as_the_systems_change(db, capsys):
     assert entry.details == {"description": "personal token of ana", "user_created": True, "made_admin": True}
 
 
-def test_serve_warns_loudly_without_a_secret_key(tmp_path):
+def test_serve_warns_loudly_once_without_a_secret_key(tmp_path):
     role = Role("master", f"sqlite:///{tmp_path / 'm.sqlite3'}", tmp_path)
     role.manage("migrate", "--noinput")
     env = role.env()
@@ -49,6 +49,11 @@ def test_serve_warns_loudly_without_a_secret_key(tmp_path):
     try:
         line = wait_until(lambda: proc.stdout.readline(), timeout=30, what="serve's first line")  # type: ignore[union-attr]
         assert "WARNING: SECRET_KEY is not set" in line
+        # Once: the lines up to the worker's boot hold no second warning.
+        later = []
+        while "Booting worker" not in (later or [""])[-1]:
+            later.append(wait_until(lambda: proc.stdout.readline(), timeout=30, what="serve's next line"))  # type: ignore[union-attr]
+        assert not [x for x in later if "SECRET_KEY" in x], later
     finally:
         proc.terminate()
         proc.wait(20)

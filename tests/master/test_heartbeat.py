@@ -330,3 +330,17 @@ def test_heartbeat_query_count_does_not_grow_with_the_payload(fleet, heartbeat):
     large = _heartbeat_queries(heartbeat, 500)
     assert (small, large) == (QUERIES_PER_HEARTBEAT, QUERIES_PER_HEARTBEAT)
     print(f"heartbeat queries: {small} with 1, {large} with 500 hosts, jobs and updates")
+
+
+def test_the_outbox_depth_is_kept_as_last_reported(fleet, heartbeat):
+    heartbeat(fleet.lab1, fleet.token1, outbox_depth=12)
+    assert Shard.objects.get(id=fleet.lab1.id).outbox_depth == 12
+    heartbeat(fleet.lab1, fleet.token1)  # an older client that does not say: unknown again
+    assert Shard.objects.get(id=fleet.lab1.id).outbox_depth is None
+
+
+@pytest.mark.parametrize("value", [-1, "3", True, 1.5, 2**63])
+def test_a_bad_outbox_depth_is_a_400_naming_it_and_changes_nothing(fleet, heartbeat, value):
+    body = heartbeat(fleet.lab1, fleet.token1, expect=400, outbox_depth=value)
+    assert "outbox_depth" in json.dumps(body)
+    assert Shard.objects.get(id=fleet.lab1.id).last_heartbeat is None

@@ -10,8 +10,8 @@ from django.utils import timezone
 
 from common.errors import FleetshardError, NotFound, Refused
 from common.models import Host, HostQueueEntry, Job, Label, Shard
+from common.syntax import parse_meta_hosts, parse_priority
 from master import services
-from master.api.serializers import parse_meta_hosts, parse_priority
 from master.models import Token
 from master.tokens import touch
 from tests.fleet_state import snapshot

@@ -347,3 +347,38 @@ def test_host_events_never_overtake_updates_cut_at_the_limit(transactional_db, m
     assert [e["seq"] for e in body["host_events"]] == [], "the event after the update sent is held back"
     client.tick()
     assert [e["seq"] for e in client.build_request()["host_events"]] == [early]
+
+
+def test_heartbeat_failures_are_one_short_line_with_the_cause(transactional_db):
+    """No URL path, no urllib3 retry chain: the master's base URL and why (docs: README, "Running the
+    pieces by hand")."""
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(HeartbeatFailed) as info:
+        HeartbeatClient(url, "lab", "fs_token").tick()
+    assert str(info.value) == f"cannot reach the master at {url}: connection refused"
+
+
+def test_a_proxy_error_page_is_its_status_and_reason_not_its_html(transactional_db):
+    import http.server
+
+    class BadGateway(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            self.send_response(502)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(b"<html>\n<body>\n<h1>502 Bad Gateway</h1>\n</body>\n</html>\n")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), BadGateway)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        with pytest.raises(HeartbeatFailed) as info:
+            HeartbeatClient(url, "lab", "fs_token").tick()
+        assert str(info.value) == f"the master at {url} answered HTTP 502: Bad Gateway"
+    finally:
+        server.shutdown()
+        server.server_close()

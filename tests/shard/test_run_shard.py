@@ -212,3 +212,32 @@ def test_run_shard_refuses_a_database_not_migrated_for_the_shard(database, tmp_p
     assert proc.returncode == 1
     assert "the database is not migrated for the shard" in proc.stderr
     assert "run `FLEETSHARD_ROLE=shard python manage.py migrate`" in proc.stderr
+
+
+def test_a_master_out_of_reach_is_one_short_line_per_failure_with_its_cause(tmp_path):
+    """No urllib3 retry warnings (settings.LOGGING), no URL paths, no exception chains."""
+    from tests.support import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    role = Role(
+        "shard",
+        f"sqlite:///{tmp_path / 's.sqlite3'}",
+        tmp_path,
+        {
+            "FLEETSHARD_MASTER_URL": url,
+            "FLEETSHARD_SHARD_HOSTNAME": "lab",
+            "FLEETSHARD_SHARD_TOKEN": "fs_x",
+            "FLEETSHARD_CGROUP_NAME": f"fleetshard-unreachable-{tmp_path.name}",
+        },
+    )
+    role.manage("migrate", "--noinput")
+    proc = role.start("run_shard", log_name="shard.log")
+    log = tmp_path / "shard.log"
+    try:
+        wait_until(lambda: log.read_text().count("heartbeat failed") >= 2, timeout=30, what="two failed heartbeats")
+    finally:
+        stop(proc)
+    failures = [line for line in log.read_text().splitlines() if "heartbeat failed" in line]
+    assert all(f"heartbeat failed (cannot reach the master at {url}: connection refused); retrying in " in f
+               for f in failures), failures  # fmt: skip
+    assert "Retrying (Retry(" not in log.read_text() and "Traceback" not in log.read_text()

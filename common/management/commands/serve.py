@@ -122,8 +122,11 @@ class Command(BaseCommand):
         json_logs = settings.LOG_FORMAT == "json"
         if settings.SECRET_KEY == settings.DEV_SECRET_KEY:
             msg = "WARNING: SECRET_KEY is not set; using the development key. Never do this in production."
-            log.warning(msg)
-            if not json_logs:
+            # Once: in JSON as a log line, else on stderr (the root logger writes there too, so both
+            # printed it twice).
+            if json_logs:
+                log.warning(msg)
+            else:
                 print(msg, file=sys.stderr, flush=True)
         gunicorn_options: dict[str, Any] = {
             "bind": options["bind"],

@@ -6,6 +6,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from common.errors import FleetshardError
+from common.schema import check_migrated
 from master.services import create_personal_token
 
 
@@ -19,6 +20,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if settings.ROLE != "master":
             raise CommandError("create_token needs FLEETSHARD_ROLE=master")
+        check_migrated()
         try:
             _, raw = create_personal_token(options["username"], acting_user=None, admin=options["admin"])
         except FleetshardError as exc:

@@ -8,6 +8,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from common.schema import check_migrated
 from master.results.detection import INTERVAL_S, drain, run_detector
 
 
@@ -23,6 +24,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if settings.ROLE != "master":
             raise CommandError("detect_regressions needs FLEETSHARD_ROLE=master")
+        check_migrated()
         if options["interval"] <= 0:
             raise CommandError(f"--interval must be positive, got {options['interval']}")
         if options["once"]:
