@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import socket
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -33,6 +34,10 @@ log = logging.getLogger(__name__)
 REQUEST_TIMEOUT_S = 10.0
 # At most this many requests read the database at once; more get a 503 rather than a thread each.
 MAX_CONCURRENT = 4
+# At most this many connections hold a thread at once (each for up to REQUEST_TIMEOUT_S per read);
+# more are closed as soon as they are accepted, so a client opening connections cannot take the
+# threads (systemd's TasksMax counts them with the shard's jobs).
+MAX_CONNECTIONS = 16
 
 
 def outcome(status: str, failure: str) -> str:
@@ -187,9 +192,36 @@ class MetricsServer(ThreadingHTTPServer):
         if ":" in host:
             self.address_family = socket.AF_INET6
         self.slots = threading.BoundedSemaphore(MAX_CONCURRENT)
+        self.connections = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(ShardCollector(client, shard))
         super().__init__((host, port), _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.connections.acquire(blocking=False):
+            log.debug("metrics: %s refused, %d connections already open", client_address[0], MAX_CONNECTIONS)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.connections.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.connections.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A log line instead of socketserver's traceback on stderr (no JSON line, and noise): a client
+        that hung up is routine, anything else is logged with its exception."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError | TimeoutError):
+            log.debug("metrics: %s went away: %s", client_address[0], exc)
+        else:
+            log.error("metrics: a request from %s failed", client_address[0], exc_info=True)
 
     def scrape(self) -> bytes:
         return generate_latest(self.registry)
