@@ -146,8 +146,11 @@ if LOG_FORMAT not in ("text", "json"):
 if LOG_FORMAT == "json":
     import logging
 
-    # Python's warnings become log lines too, so nothing but JSON reaches the log.
+    from common.logjson import log_uncaught
+
+    # Python's warnings and uncaught exceptions become log lines too, so nothing but JSON reaches the log.
     logging.captureWarnings(True)
+    log_uncaught()
 
 LOGGING = {
     "version": 1,
