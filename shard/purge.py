@@ -3,14 +3,19 @@ old dead letters. `manage.py purge` runs it on a shard's database.
 
 A job goes only when none of its HQEs is active or ended after the cutoff and no update of it waits
 in the outbox: the master no longer sends a finished job, so nothing brings it back, and nothing
-the master has not acknowledged is lost. Each batch takes the shard's write lock (shard.locks), so
-a purge beside a running `run_shard` keeps the one lock order. Run directories on disk have their
-own retention (FLEETSHARD_RESULTS_RETENTION_DAYS).
+the master has not acknowledged is lost. Nor while its runs may have result files still to send:
+a restarted uploader finds them by their run records, as far back as the retention plus the upload
+grace (shard/results_upload.py), so a shorter --older-than keeps those jobs that long.
+
+Each batch takes the shard's write lock (shard.locks), so a purge beside a running `run_shard` keeps
+the one lock order. Run directories on disk have their own retention (FLEETSHARD_RESULTS_RETENTION_DAYS).
 """
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db.models import QuerySet
+from django.utils import timezone
 
 from common.constants import HQEStatus
 from common.models import HostQueueEntry, Job
@@ -19,11 +24,17 @@ from shard.locks import shard_write
 from shard.models import DeadLetter, OutboxEntry
 
 
+def upload_horizon() -> datetime:
+    """Runs that ended after this may still have result files to upload (ResultsUploader.find_ended)."""
+    days = settings.FLEETSHARD_RESULTS_RETENTION_DAYS + settings.FLEETSHARD_RESULTS_UPLOAD_GRACE_DAYS
+    return timezone.now() - timedelta(days=days)
+
+
 def old_jobs(cutoff: datetime) -> QuerySet[Job]:
     return (
         Job.objects.filter(created_on__lt=cutoff)
         .exclude(hqes__status__in=HQEStatus.ACTIVE)
-        .exclude(hqes__finished_on__gte=cutoff)
+        .exclude(hqes__finished_on__gte=min(cutoff, upload_horizon()))
         .exclude(id__in=OutboxEntry.objects.values("job_id"))
     )
 

@@ -73,6 +73,18 @@ def test_shard_purge_goes_batch_by_batch(shard_history):
     assert "deleted 5 jobs, 5 HQEs, 1 dead letters in 4 batches" in out
 
 
+def test_a_short_age_keeps_jobs_whose_results_may_still_be_uploaded(shard_history, settings):
+    """A restarted uploader finds runs with files to send by their records, retention + grace back."""
+    settings.FLEETSHARD_RESULTS_RETENTION_DAYS = 5
+    settings.FLEETSHARD_RESULTS_UPLOAD_GRACE_DAYS = 5
+    within = shard_job("ended-9-days-ago", 20, ended_days=9)
+    beyond = shard_job("ended-11-days-ago", 20, ended_days=11)
+    out = run_purge("--older-than", "3d")
+    assert Job.objects.filter(id=within.id).exists() and Run.objects.filter(hqe__job=within).exists()
+    assert not Job.objects.filter(id__in=[beyond.id, shard_history["old"].id]).exists()
+    assert "deleted 2 jobs, 2 HQEs, 1 dead letters" in out
+
+
 def test_results_are_a_master_option(shard_history):
     before = database_checksum()
     with pytest.raises(CommandError, match="--results is for the master"):
