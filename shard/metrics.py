@@ -74,7 +74,10 @@ class ShardCollector(Collector):
         dead.add_metric([self.shard], DeadLetter.objects.count())
         yield dead
 
-        state = ShardState.objects.filter(id=1).values_list("last_heartbeat_ok", flat=True).first()
+        singleton = (
+            ShardState.objects.filter(id=1).values_list("last_heartbeat_ok", "purged_started", "purged_ended").first()
+        )
+        state, purged_started, purged_ended = singleton if singleton is not None else (None, 0, {})
         last = GaugeMetricFamily(
             "fleetshard_shard_last_heartbeat_ok_timestamp_seconds",
             "When the master last answered a heartbeat of this shard (NaN: never)",
@@ -98,8 +101,9 @@ class ShardCollector(Collector):
         yield failures
 
         by_status: dict[str, int] = dict.fromkeys(HQEStatus.ACTIVE, 0)
-        ended: dict[str, int] = {}
-        started = 0
+        # The purge's tallies first: the counters count every run, deleted history included.
+        ended: dict[str, int] = {str(key): int(n) for key, n in (purged_ended or {}).items()}
+        started = purged_started
         rows = HostQueueEntry.objects.values("status", "failure").annotate(n=Count("id"), s=Count("started_on"))
         for row in rows.order_by():
             started += row["s"]
@@ -115,7 +119,9 @@ class ShardCollector(Collector):
             runs.add_metric([self.shard, status], n)
         yield runs
         started_total = CounterMetricFamily(
-            "fleetshard_shard_runs_started", "HQEs this shard started (its database's count)", labels=labels
+            "fleetshard_shard_runs_started",
+            "HQEs this shard started (its database's count, purged ones included)",
+            labels=labels,
         )
         started_total.add_metric([self.shard], started)
         yield started_total
