@@ -104,6 +104,41 @@ def log_uncaught() -> None:
     threading.excepthook = thread_hook
 
 
+class JsonStderr:
+    """sys.stderr in JSON mode (common/manage.py): log lines pass as they are, and any other line (a
+    command's `CommandError: ...`, a library's print) becomes a JSON line of its own, so a log
+    shipper reads nothing else. Only lines are rewritten: a partial one waits for its end or a flush."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self._pending = ""
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            *lines, self._pending = (self._pending + text).split("\n")
+            for line in lines:
+                self._emit(line)
+        return len(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._pending:
+                self._emit(self._pending)
+                self._pending = ""
+            self._stream.flush()
+
+    def _emit(self, line: str) -> None:
+        if line.startswith("{"):
+            self._stream.write(line + "\n")
+        elif line.strip():
+            record = logging.LogRecord("stderr", logging.ERROR, "", 0, line, None, None)
+            self._stream.write(JsonFormatter().format(record) + "\n")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 class GunicornJsonLogger(GunicornLogger):
     """gunicorn's own error and access logs as the same JSON lines (`serve` uses it in JSON mode)."""
 

@@ -11,6 +11,12 @@ def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "common.settings")
     from django.core.management import execute_from_command_line
 
+    if os.environ.get("FLEETSHARD_LOG_FORMAT", "").strip().lower() == "json":
+        from common.logjson import JsonStderr
+
+        # A command's error (`CommandError: ...`, printed by Django) is a JSON line like the rest.
+        sys.stderr = JsonStderr(sys.stderr)
+
     execute_from_command_line(sys.argv)
 
 

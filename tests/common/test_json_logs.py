@@ -123,6 +123,15 @@ def test_uncaught_exceptions_in_any_thread_are_json_lines(tmp_path):
     assert "ValueError: main\nthread" in lines[1]["exception"]
 
 
+def test_a_commands_error_is_a_json_line_too(tmp_path):
+    one = Role("master", f"sqlite:///{tmp_path / 'x.sqlite3'}", tmp_path, dict(JSON))
+    proc = one.manage("purge", "--older-than", "soon", check=False)
+    assert proc.returncode == 1
+    lines = [json.loads(line) for line in proc.stderr.splitlines()]
+    assert [(e["level"], e["logger"]) for e in lines] == [("ERROR", "stderr")]
+    assert lines[0]["message"].startswith("CommandError: --older-than must be a positive whole number")
+
+
 def test_log_context_takes_only_the_known_keys():
     assert log_context(hqe=1, job=None, host="h") == {"hqe": 1, "host": "h"}
     with pytest.raises(ValueError, match="not user"):
