@@ -3,11 +3,15 @@
 Each line has `timestamp` (UTC, ISO 8601), `level`, `logger` and `message`, and `shard`, `job`, `hqe`
 and `host` where they apply: from a call's `extra=` (`log_context`), and a shard process's own name.
 ASCII-only output: whatever a job or the network put into a message (NUL, lone surrogates, newlines)
-is escaped, never able to break a line or the encoding.
+is escaped, never able to break a line or the encoding. A line stays under MAX_LINE characters:
+journald splits longer ones (LineMax, 48K by default) into pieces that no longer parse, so a huge
+message keeps its head and an exception its tail (where the error is), each marked as cut.
 """
 
 import json
 import logging
+import sys
+import threading
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,6 +19,7 @@ from django.conf import settings
 from gunicorn.glogging import Logger as GunicornLogger
 
 CONTEXT_KEYS = ("shard", "job", "hqe", "host")
+MAX_LINE = 32 * 1024
 
 
 def log_context(**fields: object) -> dict[str, object]:
@@ -54,7 +59,84 @@ class JsonFormatter(logging.Formatter):
             entry["exception"] = self.formatException(record.exc_info)
         if record.stack_info:
             entry["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(entry, ensure_ascii=True, default=str)
+        line = json.dumps(entry, ensure_ascii=True, default=str)
+        budget = MAX_LINE // 2
+        while len(line) >= MAX_LINE and budget > 64:
+            line = json.dumps(_cut(entry, budget), ensure_ascii=True, default=str)
+            budget //= 2
+        return line
+
+
+def _cut(entry: dict[str, Any], budget: int) -> dict[str, Any]:
+    """The entry with each text longer than `budget` characters cut to it: a message keeps its head,
+    an exception or stack its tail."""
+    cut = dict(entry)
+    for key, value in entry.items():
+        if isinstance(value, str) and len(value) > budget:
+            note = f"[{len(value) - budget} characters cut]"
+            cut[key] = f"{note} {value[-budget:]}" if key in ("exception", "stack") else f"{value[:budget]} {note}"
+    return cut
+
+
+def log_uncaught() -> None:
+    """An exception nothing caught, in the main thread or another, becomes one log line (JSON in
+    JSON mode) instead of Python's traceback on stderr, many lines that are not JSON."""
+    log = logging.getLogger("fleetshard.uncaught")
+
+    def main_hook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+        if issubclass(exc_type, KeyboardInterrupt):
+            sys.__excepthook__(exc_type, exc, tb)
+            return
+        log.critical("uncaught exception: %s", exc_type.__name__, exc_info=(exc_type, exc, tb))
+
+    def thread_hook(args: threading.ExceptHookArgs) -> None:
+        if args.exc_type is SystemExit or args.exc_value is None:
+            return
+        name = args.thread.name if args.thread is not None else "?"
+        log.critical(
+            "uncaught exception in thread %s: %s",
+            name,
+            args.exc_type.__name__,
+            exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
+        )
+
+    sys.excepthook = main_hook
+    threading.excepthook = thread_hook
+
+
+class JsonStderr:
+    """sys.stderr in JSON mode (common/manage.py): log lines pass as they are, and any other line (a
+    command's `CommandError: ...`, a library's print) becomes a JSON line of its own, so a log
+    shipper reads nothing else. Only lines are rewritten: a partial one waits for its end or a flush."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self._pending = ""
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            *lines, self._pending = (self._pending + text).split("\n")
+            for line in lines:
+                self._emit(line)
+        return len(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._pending:
+                self._emit(self._pending)
+                self._pending = ""
+            self._stream.flush()
+
+    def _emit(self, line: str) -> None:
+        if line.startswith("{"):
+            self._stream.write(line + "\n")
+        elif line.strip():
+            record = logging.LogRecord("stderr", logging.ERROR, "", 0, line, None, None)
+            self._stream.write(JsonFormatter().format(record) + "\n")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 class GunicornJsonLogger(GunicornLogger):

@@ -35,6 +35,13 @@ def main() -> None:
     from django.core.management import execute_from_command_line
     from django.db import DatabaseError
 
+    if os.environ.get("FLEETSHARD_LOG_FORMAT", "").strip().lower() == "json" and not sys.stderr.isatty():
+        from common.logjson import JsonStderr
+
+        # A command's error (`CommandError: ...`, printed by Django) is a JSON line like the rest; an
+        # operator at a terminal (the env file sourced by hand) still reads prompts and errors plainly.
+        sys.stderr = JsonStderr(sys.stderr)
+
     try:
         execute_from_command_line(sys.argv)
     except DatabaseError as exc:

@@ -27,8 +27,11 @@ def old_jobs(cutoff: datetime) -> QuerySet[Job]:
         .exclude(status__in=JobStatus.ACTIVE)
         .exclude(hqes__status__in=HQEStatus.ACTIVE)
         .exclude(hqes__finished_on__gte=cutoff)
-        # A suite's children still running read their parent's keyvals (the heartbeat's suite_keyvals).
+        # A suite's children still running read their parent's keyvals (the heartbeat's suite_keyvals),
+        # and a child kept keeps its link: the parent goes with (or after) its last child.
         .exclude(children__status__in=JobStatus.ACTIVE)
+        .exclude(children__created_on__gte=cutoff)
+        .exclude(children__hqes__finished_on__gte=cutoff)
     )
 
 

@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import socket
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -33,6 +34,10 @@ log = logging.getLogger(__name__)
 REQUEST_TIMEOUT_S = 10.0
 # At most this many requests read the database at once; more get a 503 rather than a thread each.
 MAX_CONCURRENT = 4
+# At most this many connections hold a thread at once (each for up to REQUEST_TIMEOUT_S per read);
+# more are closed as soon as they are accepted, so a client opening connections cannot take the
+# threads (systemd's TasksMax counts them with the shard's jobs).
+MAX_CONNECTIONS = 16
 
 
 def outcome(status: str, failure: str) -> str:
@@ -69,7 +74,10 @@ class ShardCollector(Collector):
         dead.add_metric([self.shard], DeadLetter.objects.count())
         yield dead
 
-        state = ShardState.objects.filter(id=1).values_list("last_heartbeat_ok", flat=True).first()
+        singleton = (
+            ShardState.objects.filter(id=1).values_list("last_heartbeat_ok", "purged_started", "purged_ended").first()
+        )
+        state, purged_started, purged_ended = singleton if singleton is not None else (None, 0, {})
         last = GaugeMetricFamily(
             "fleetshard_shard_last_heartbeat_ok_timestamp_seconds",
             "When the master last answered a heartbeat of this shard (NaN: never)",
@@ -93,8 +101,9 @@ class ShardCollector(Collector):
         yield failures
 
         by_status: dict[str, int] = dict.fromkeys(HQEStatus.ACTIVE, 0)
-        ended: dict[str, int] = {}
-        started = 0
+        # The purge's tallies first: the counters count every run, deleted history included.
+        ended: dict[str, int] = {str(key): int(n) for key, n in (purged_ended or {}).items()}
+        started = purged_started
         rows = HostQueueEntry.objects.values("status", "failure").annotate(n=Count("id"), s=Count("started_on"))
         for row in rows.order_by():
             started += row["s"]
@@ -110,7 +119,9 @@ class ShardCollector(Collector):
             runs.add_metric([self.shard, status], n)
         yield runs
         started_total = CounterMetricFamily(
-            "fleetshard_shard_runs_started", "HQEs this shard started (its database's count)", labels=labels
+            "fleetshard_shard_runs_started",
+            "HQEs this shard started (its database's count, purged ones included)",
+            labels=labels,
         )
         started_total.add_metric([self.shard], started)
         yield started_total
@@ -187,9 +198,36 @@ class MetricsServer(ThreadingHTTPServer):
         if ":" in host:
             self.address_family = socket.AF_INET6
         self.slots = threading.BoundedSemaphore(MAX_CONCURRENT)
+        self.connections = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(ShardCollector(client, shard))
         super().__init__((host, port), _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.connections.acquire(blocking=False):
+            log.debug("metrics: %s refused, %d connections already open", client_address[0], MAX_CONNECTIONS)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.connections.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.connections.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A log line instead of socketserver's traceback on stderr (no JSON line, and noise): a client
+        that hung up is routine, anything else is logged with its exception."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError | TimeoutError):
+            log.debug("metrics: %s went away: %s", client_address[0], exc)
+        else:
+            log.error("metrics: a request from %s failed", client_address[0], exc_info=True)
 
     def scrape(self) -> bytes:
         return generate_latest(self.registry)

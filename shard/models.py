@@ -70,6 +70,10 @@ class ShardState(models.Model):
     # (another file, another cluster or oid) no longer matches and takes a new instance id.
     instance = models.CharField(max_length=36, blank=True, default="")
     identity = models.CharField(max_length=255, blank=True, default="")
+    # Runs the purge deleted: started, and ended by outcome. /metrics adds them to what the HQE rows
+    # count, so its counters never go down when history goes (Prometheus reads a drop as a reset).
+    purged_started = models.BigIntegerField(default=0)
+    purged_ended = models.JSONField(default=dict, blank=True)
 
     def __str__(self) -> str:
         return f"shard state (last seq {self.last_seq})"

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -28,8 +29,8 @@ def run(cmd: list[str], *, env: dict[str, str] | None = None, cwd: Path, timeout
     return proc.stdout
 
 
-def build_wheel(tmp: Path) -> Path:
-    """Builds from a copy of the sources, so parallel runs never share build/ or *.egg-info."""
+def copy_sources(tmp: Path) -> Path:
+    """A copy of the sources to build from, so parallel runs never share build/ or *.egg-info."""
     src = tmp / "src"
     for name in SOURCES:
         if (ROOT / name).is_dir():
@@ -37,13 +38,32 @@ def build_wheel(tmp: Path) -> Path:
         else:
             src.mkdir(parents=True, exist_ok=True)
             shutil.copy(ROOT / name, src / name)
+    return src
+
+
+def build_wheel(src: Path, tmp: Path) -> Path:
     run([sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp / "dist"), str(src)], cwd=tmp)
     [wheel] = (tmp / "dist").glob("fleetshard-*.whl")
     return wheel
 
 
 def test_the_wheel_installs_and_runs_a_master_without_the_checkout(tmp_path):
-    wheel = build_wheel(tmp_path)
+    src = copy_sources(tmp_path)
+    venv = tmp_path / "venv"
+    # A venv without its own pip (ensurepip alone takes ~20 s here): this suite's pip installs into it
+    # from the registry. The dependencies pyproject.toml declares (and nothing else) go in while the
+    # wheel builds, which is most of the time this test takes; the wheel's install then finds them.
+    run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", str(venv)], cwd=tmp_path)
+    pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python")]
+    declared = tomllib.loads((src / "pyproject.toml").read_text())["project"]["dependencies"]
+    with open(tmp_path / "deps.log", "wb") as deps_log:
+        deps = subprocess.Popen(
+            [*pip, "install", "--quiet", "--no-compile", *declared], cwd=tmp_path, stdout=deps_log, stderr=deps_log
+        )
+        try:
+            wheel = build_wheel(src, tmp_path)
+        finally:
+            assert deps.wait(600) == 0, (tmp_path / "deps.log").read_text()
     assert wheel.name == f"fleetshard-{CLIENT_VERSION}-py3-none-any.whl"
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in (
@@ -58,11 +78,6 @@ def test_the_wheel_installs_and_runs_a_master_without_the_checkout(tmp_path):
         assert needed in names, needed
     assert not any(n.startswith(("tests/", "bench/", "scripts/")) for n in names)
 
-    venv = tmp_path / "venv"
-    # A venv without its own pip (ensurepip alone takes ~20 s here): this suite's pip installs into it,
-    # dependencies and all, from the registry, as `pip install fleetshard-*.whl` would.
-    run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", str(venv)], cwd=tmp_path)
-    pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python")]
     run([*pip, "install", "--quiet", "--no-compile", str(wheel)], cwd=tmp_path, timeout=600)
 
     away = tmp_path / "elsewhere"

@@ -20,10 +20,23 @@ DATA_DIR.mkdir(parents=True, exist_ok=True)
 DEV_SECRET_KEY = "fleetshard-development-only-secret-key-do-not-use-in-production"
 SECRET_KEY = os.environ.get("SECRET_KEY", DEV_SECRET_KEY)
 DEBUG = os.environ.get("DEBUG", "").lower() in ("1", "true", "yes")
-ALLOWED_HOSTS = [h for h in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]").split(",") if h]
+
+
+def env_list(name: str, default: str = "", *, required: bool = False) -> list[str]:
+    """A comma-separated setting's items, each stripped: `a, b` is `a` and `b`, not `a` and ` b`,
+    which would never match. `required`: set but naming nothing is refused by name."""
+    raw = os.environ.get(name, default)
+    items = [item.strip() for item in raw.split(",") if item.strip()]
+    if required and not items:
+        raise RuntimeError(f"{name} is set but names nothing (comma-separated); unset it for the default {default}")
+    return items
+
+
+# Set but empty would refuse every request with a 400, the probes included.
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]", required=True)
 # Origins (scheme://host[:port]) whose forms may post here: the public URL an operator reaches the
-# admin at, behind a TLS proxy (deploy/README.md).
-CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+# admin at, behind a TLS proxy (deploy/README.md). A browser's Origin has no trailing slash.
+CSRF_TRUSTED_ORIGINS = [origin.rstrip("/") for origin in env_list("CSRF_TRUSTED_ORIGINS")]
 
 
 def _flag(name: str, default: bool) -> bool:
@@ -136,8 +149,11 @@ if LOG_FORMAT not in ("text", "json"):
 if LOG_FORMAT == "json":
     import logging
 
-    # Python's warnings become log lines too, so nothing but JSON reaches the log.
+    from common.logjson import log_uncaught
+
+    # Python's warnings and uncaught exceptions become log lines too, so nothing but JSON reaches the log.
     logging.captureWarnings(True)
+    log_uncaught()
 
 # How much of a run's output is kept: by the shard in the run's `job.log`, and by the master, which
 # stores the log the shard ships (master/logs/) and marks it cut past this many bytes.

@@ -7,7 +7,7 @@ import sys
 import pytest
 import requests
 
-from common.logjson import JsonFormatter, log_context
+from common.logjson import MAX_LINE, JsonFormatter, log_context
 from tests.shard.fleet import new_shard, sql, submit
 from tests.support import Master, Role, drop_database, free_port, fresh_database_url, stop, wait_until
 
@@ -89,6 +89,47 @@ def test_exceptions_travel_inside_the_line():
         record = logging.LogRecord("x", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
     entry = json.loads(JsonFormatter().format(record))
     assert entry["level"] == "ERROR" and "RuntimeError: boom" in entry["exception"]
+
+
+def test_a_huge_message_and_exception_stay_one_line_journald_keeps_whole():
+    """journald splits lines over 48K (LineMax) into pieces that do not parse."""
+    try:
+        raise RuntimeError("x" * 200_000 + " the end")
+    except RuntimeError:
+        info = sys.exc_info()
+    hostile = "\u00e9\ud800\x00" * 300_000  # each escapes to six characters or more
+    record = logging.LogRecord("x", logging.ERROR, __file__, 1, "got %s", (hostile,), info)
+    line = JsonFormatter().format(record)
+    assert len(line) < MAX_LINE and line.isascii()
+    entry = json.loads(line)
+    assert entry["message"].startswith("got \u00e9\ud800\x00") and entry["message"].endswith("characters cut]")
+    assert entry["exception"].startswith("[") and entry["exception"].endswith("x the end")
+
+
+def test_uncaught_exceptions_in_any_thread_are_json_lines(tmp_path):
+    one = Role("master", f"sqlite:///{tmp_path / 'x.sqlite3'}", tmp_path, dict(JSON))
+    code = (
+        "import threading\n"
+        "t = threading.Thread(target=lambda: 1 / 0, name='worker'); t.start(); t.join()\n"
+        "raise ValueError('main\\nthread')"
+    )
+    proc = one.manage("shell", "-c", code, check=False)
+    assert proc.returncode == 1
+    lines = [json.loads(line) for line in proc.stderr.splitlines()]
+    assert [(e["level"], e["message"]) for e in lines] == [
+        ("CRITICAL", "uncaught exception in thread worker: ZeroDivisionError"),
+        ("CRITICAL", "uncaught exception: ValueError"),
+    ]
+    assert "ValueError: main\nthread" in lines[1]["exception"]
+
+
+def test_a_commands_error_is_a_json_line_too(tmp_path):
+    one = Role("master", f"sqlite:///{tmp_path / 'x.sqlite3'}", tmp_path, dict(JSON))
+    proc = one.manage("purge", "--older-than", "soon", check=False)
+    assert proc.returncode == 1
+    lines = [json.loads(line) for line in proc.stderr.splitlines()]
+    assert [(e["level"], e["logger"]) for e in lines] == [("ERROR", "stderr")]
+    assert lines[0]["message"].startswith("CommandError: --older-than must be a positive whole number")
 
 
 def test_log_context_takes_only_the_known_keys():

@@ -46,9 +46,29 @@ def test_hsts_is_configurable(tmp_path):
 
 
 def test_hosts_and_trusted_origins_come_from_the_environment(tmp_path):
-    one = role("master", tmp_path, ALLOWED_HOSTS="fleet.example.org", CSRF_TRUSTED_ORIGINS="https://fleet.example.org")
+    """Written as people write lists: spaces after commas, a trailing comma, an origin with a slash."""
+    one = role(
+        "master",
+        tmp_path,
+        ALLOWED_HOSTS="fleet.example.org, 127.0.0.1 ,",
+        CSRF_TRUSTED_ORIGINS="https://fleet.example.org/, https://admin.example.org",
+    )
     code = "from django.conf import settings as s; result = [s.ALLOWED_HOSTS, s.CSRF_TRUSTED_ORIGINS]"
-    assert one.shell(code) == [["fleet.example.org"], ["https://fleet.example.org"]]
+    assert one.shell(code) == [
+        ["fleet.example.org", "127.0.0.1"],
+        ["https://fleet.example.org", "https://admin.example.org"],
+    ]
+
+
+@pytest.mark.parametrize("value", ["", " ", ",", " , "])
+def test_an_allowed_hosts_set_to_nothing_is_refused_by_name(monkeypatch, value):
+    from common.settings.base import env_list
+
+    monkeypatch.setenv("ALLOWED_HOSTS", value)
+    with pytest.raises(RuntimeError, match="ALLOWED_HOSTS is set but names nothing"):
+        env_list("ALLOWED_HOSTS", "127.0.0.1", required=True)
+    monkeypatch.delenv("ALLOWED_HOSTS")
+    assert env_list("ALLOWED_HOSTS", "127.0.0.1,localhost", required=True) == ["127.0.0.1", "localhost"]
 
 
 def test_behind_the_proxy_plain_http_is_redirected_but_probes_are_not(tmp_path):

@@ -122,6 +122,14 @@ def snapshot(get_model: Any, models: list[str], app_of: Any) -> dict[str, Any]:
     return json.loads(json.dumps(rows, default=str))
 
 
+def only_moved_columns(after: dict[str, Any], before: dict[str, Any], models: list[str]) -> dict[str, Any]:
+    """`after` without the columns later migrations added (with their defaults): not part of the move."""
+    for m in models:
+        if before[m]:
+            after[m] = [{k: row[k] for k in before[m][0]} for row in after[m]]
+    return after
+
+
 def migrate(targets: list[tuple[str, str | None]]) -> Any:
     executor = MigrationExecutor(connection)
     executor.migrate(targets)
@@ -149,7 +157,7 @@ def test_both_roles_models_move_with_every_row(old_database):
 
     loader = migrate(MigrationExecutor(connection).loader.graph.leaf_nodes())
 
-    after = snapshot(loader.project_state().apps.get_model, models, OWNER.get)
+    after = only_moved_columns(snapshot(loader.project_state().apps.get_model, models, OWNER.get), before, models)
     granted = [[pk, OWNER[codename.removeprefix("view_")], codename] for pk, _, codename in before.pop("granted")]
     assert after.pop("granted") == granted
     assert after == before and len(after["outboxentry"]) == 3 and len(after["token"]) == 2
@@ -255,6 +263,7 @@ def test_an_old_database_of_one_role_migrates_forward_with_its_rows(role, models
     one.manage("migrate")
 
     after, names, common_columns = one.shell(READ.format(models=models))
+    after = only_moved_columns(after, before, models)
     old_granted = before.pop("granted")
     assert after.pop("granted") == [[pk, role, codename] for pk, _, codename in old_granted]
     assert after == before

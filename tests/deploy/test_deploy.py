@@ -117,20 +117,62 @@ def test_every_service_reads_its_roles_env_file_and_runs_the_installed_command()
     assert Unit.read("fleetshard-master.service").one("User") == "fleetshard"
 
 
+def longest_shard_stop(env: dict[str, str]) -> float:
+    """The longest a draining run_shard takes after SIGTERM (shard/process.py): the drain, the abort
+    grace and the kill, recording the ends, the heartbeat and uploads in flight, the last heartbeats."""
+    from shard.process import FINAL_HEARTBEATS, RECORD_GRACE_S
+    from shard.tracking import KILL_WAIT_S
+
+    request = 5.0 + float(env["FLEETSHARD_REQUEST_TIMEOUT_S"])  # connect + read (shard/client.py)
+    return (
+        float(env["FLEETSHARD_DRAIN_S"])
+        + float(env["FLEETSHARD_ABORT_GRACE_S"])
+        + KILL_WAIT_S
+        + RECORD_GRACE_S
+        + request
+        + 10
+        + FINAL_HEARTBEATS * request
+    )
+
+
 def test_the_shard_unit_outlasts_its_drain_and_delegates_cgroups():
     unit = Unit.read("fleetshard-shard.service")
     env = read_env(DEPLOY / "env" / "shard.env")
-    longest_stop = (
-        float(env["FLEETSHARD_DRAIN_S"])
-        + float(env["FLEETSHARD_ABORT_GRACE_S"])
-        + float(env["FLEETSHARD_REQUEST_TIMEOUT_S"])
-        + 10
-    )
-    assert float(unit.one("TimeoutStopSec")) > longest_stop
+    assert float(unit.one("TimeoutStopSec")) > longest_shard_stop(env)
     assert unit.one("KillSignal") == "SIGTERM" and unit.one("KillMode") == "mixed"
     assert unit.one("Delegate") == "yes"
-    for breaks_jobs in ("ProtectSystem", "NoNewPrivileges", "PrivateDevices", "ProtectControlGroups"):
-        assert breaks_jobs not in unit.service, breaks_jobs
+
+
+# What each sandboxing option would take from a job: every process of a unit gets them, jobs too.
+BREAKS_JOBS = {
+    "ProtectSystem": "writing where a test writes",
+    "ProtectHome": "home directories",
+    "NoNewPrivileges": "sudo",
+    "PrivateDevices": "the lab's devices",
+    "DevicePolicy": "the lab's devices",
+    "DeviceAllow": "every device not listed",
+    "PrivateTmp": "a /tmp shared with the host's tools",
+    "ProtectControlGroups": "the shard's cgroups",
+    "ProtectKernelLogs": "dmesg",
+    "ProtectKernelModules": "modprobe and /usr/lib/modules",
+    "ProtectKernelTunables": "sysctl",
+    "ProtectClock": "setting the clock, adjtimex, devices on some systemd versions",
+    "ProtectHostname": "hostname",
+    "LockPersonality": "setarch and 32-bit tools",
+    "RestrictNamespaces": "containers",
+    "RestrictSUIDSGID": "setuid test tools",
+    "RestrictAddressFamilies": "netlink, bluetooth, CAN",
+    "SystemCallFilter": "whatever it filters",
+    "CapabilityBoundingSet": "root's capabilities under sudo",
+    "MemoryDenyWriteExecute": "JITs",
+}
+
+
+@pytest.mark.parametrize("name", ["fleetshard-shard.service", "fleetshard-worker-manager.service"])
+def test_units_that_run_jobs_have_no_sandboxing_a_job_would_inherit(name):
+    unit = Unit.read(name)
+    inherited = {option: BREAKS_JOBS[option] for option in unit.service if option in BREAKS_JOBS}
+    assert not inherited, f"{name} takes from its jobs: {inherited}"
 
 
 def promtool() -> str:

@@ -103,6 +103,19 @@ def test_purge_deletes_old_finished_jobs_with_their_hqes_intervals_and_audit(his
     assert kept.job_id is None and kept.entries.count() == 3
 
 
+def test_a_suite_parent_stays_while_a_child_is_kept_and_goes_with_its_children(history):
+    """A suite whose parent ended long ago while a child ran on: the child, kept, keeps its parent."""
+    parent = finished_job("old-suite", 120)
+    late = finished_job("child-ended-lately", 119, hqe_days=5)
+    early = finished_job("child-ended-early", 119)
+    Job.objects.filter(id__in=[late.id, early.id]).update(parent=parent)
+    run_purge("--older-than", "90d")
+    assert Job.objects.get(id=late.id).parent_id == parent.id
+    assert not Job.objects.filter(id=early.id).exists()
+    run_purge("--older-than", "4d")
+    assert not Job.objects.filter(id__in=[parent.id, late.id]).exists()
+
+
 def test_purge_with_results_deletes_old_benchmark_results_too(history):
     out = run_purge("--older-than", "90d", "--results")
     assert list(TestRun.objects.values_list("id", flat=True)) == [history["runs"]["new"].id]

@@ -1,13 +1,17 @@
 """The shard's own /metrics and /healthz (FLEETSHARD_METRICS_BIND): figures that follow a real run."""
 
 import math
+import socket
+import struct
+import threading
+import time
 
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from shard.client import HeartbeatClient
-from shard.metrics import MAX_CONCURRENT, MetricsServer, outcome, parse_bind
+from shard.metrics import MAX_CONCURRENT, MAX_CONNECTIONS, MetricsServer, outcome, parse_bind
 from tests.shard.fleet import new_shard, submit, writable_by_jobs
 from tests.support import free_port, make_shard_process, wait_until
 
@@ -161,3 +165,51 @@ def test_more_requests_at_once_than_allowed_get_a_503_not_a_thread_each():
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def metrics_server():
+    port = free_port()
+    server = MetricsServer(f"127.0.0.1:{port}", HeartbeatClient("http://127.0.0.1:1", "lab", "token"), "lab")
+    server.start()
+    yield server, port
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_client_that_hangs_up_mid_scrape_leaves_a_log_line_not_a_traceback(db, metrics_server, capfd):
+    server, port = metrics_server
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", port)) as conn:
+            conn.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a RST
+    assert requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+    time.sleep(0.5)
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception occurred" not in err, err
+
+
+def test_connections_past_the_limit_are_closed_at_once_not_given_a_thread(metrics_server):
+    server, port = metrics_server
+    threads_before = threading.active_count()
+    idle = []
+    try:
+        for _ in range(MAX_CONNECTIONS):
+            conn = socket.create_connection(("127.0.0.1", port))
+            conn.sendall(b"GET /healthz HTTP/1.1\r\n")  # never finished: holds its thread
+            idle.append(conn)
+        wait_until(
+            lambda: threading.active_count() >= threads_before + MAX_CONNECTIONS, timeout=10, what="the idle ones"
+        )
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as extra:
+            extra.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+            assert extra.recv(100) == b"", "a connection past the limit was served"
+        assert threading.active_count() <= threads_before + MAX_CONNECTIONS
+    finally:
+        for conn in idle:
+            conn.close()
+    wait_until(
+        lambda: requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200,
+        timeout=10,
+        what="a slot to free",
+    )
