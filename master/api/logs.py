@@ -125,7 +125,9 @@ class LogAppendView(APIView):
         ],
         responses={
             200: OpenApiResponse(AppendedSerializer, description="Taken (`new` 0: the master had it already)."),
-            400: OpenApiResponse(ERROR, description="Bad parameters; `error` names the field."),
+            400: OpenApiResponse(
+                ERROR, description="Bad parameters, or bytes after the final chunk; `error` names the field."
+            ),
             401: OpenApiResponse(ERROR, description="Missing or unknown token."),
             403: OpenApiResponse(ERROR, description="Not a shard's token, or another shard's HQE."),
             404: OpenApiResponse(ERROR, description="Unknown HQE."),

@@ -38,6 +38,16 @@ class LogGap(FleetshardError):
         self.expected = expected
 
 
+class LogEnded(FleetshardError):
+    """Bytes past the end of a log the shard said ended: a follower that stopped there would miss them."""
+
+    def __init__(self, hqe_id: int, size: int) -> None:
+        super().__init__(
+            f"offset: the log of HQE {hqe_id} ended at byte {size} (a final chunk came): no bytes may follow it",
+            field="offset",
+        )
+
+
 @dataclass(frozen=True)
 class Appended:
     """Where a log stands after a chunk: `size` bytes of the shard's log accounted for (the next chunk
@@ -59,6 +69,7 @@ def append_log(hqe_id: int, offset: int, data: bytes, *, final: bool = False) ->
 
     Bytes below the log's size are the master's already (a duplicate changes nothing); a chunk past
     it raises LogGap, except once the log is cut: nothing past the cap is stored, so nothing is missed.
+    Once a final chunk came, bytes past the log's size raise LogEnded (a repeated final is a duplicate).
     """
     try:
         log = RunLog.objects.select_for_update().get(hqe_id=hqe_id)
@@ -67,6 +78,8 @@ def append_log(hqe_id: int, offset: int, data: bytes, *, final: bool = False) ->
         RunLog.objects.bulk_create([RunLog(hqe_id=hqe_id)], ignore_conflicts=True)
         log = RunLog.objects.select_for_update().get(hqe_id=hqe_id)
     size, kept = log.size, log.kept
+    if log.complete and offset + len(data) > size:
+        raise LogEnded(hqe_id, size)
     if offset > size and not log.truncated:
         raise LogGap(hqe_id, offset, size)
     fresh = data[max(0, size - offset) :]
@@ -106,10 +119,15 @@ def read_log(hqe: HostQueueEntry, offset: int, limit: int) -> LogSlice:
     stop = min(log.kept, start + limit)
     data = b""
     if stop > start:
-        rows = RunLogChunk.objects.filter(log_id=hqe.id, end__gt=start, start__lt=stop).order_by("start")
+        # The 3 bytes before `start` tell whether it falls inside a character (then skipped).
+        low = max(0, start - 3)
+        rows = RunLogChunk.objects.filter(log_id=hqe.id, end__gt=low, start__lt=stop).order_by("start")
         pieces = list(rows.values_list("start", "data"))
-        first = pieces[0][0] if pieces else start
-        data = b"".join(bytes(piece) for _, piece in pieces)[start - first : stop - first]
+        first = pieces[0][0] if pieces else low
+        data = b"".join(bytes(piece) for _, piece in pieces)[low - first : stop - first]
+        inside = utf8_inside(data[: start - low], data[start - low :])
+        start += inside
+        data = data[start - low :]
     # The log's last kept bytes are final once the shard said so or the cap cut it: an incomplete
     # character there is shown as U+FFFD rather than waited for.
     settled = stop == log.kept and (log.complete or log.truncated)
@@ -129,6 +147,28 @@ def utf8_prefix(data: bytes) -> int:
         need = 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else 4 if byte >> 3 == 0b11110 else 1
         return len(data) if back >= need else len(data) - back
     return len(data)
+
+
+def utf8_inside(before: bytes, data: bytes) -> int:
+    """How many of `data`'s first bytes continue a valid UTF-8 sequence begun in `before` (a reader's
+    offset inside a character): 0 when the offset is a character's start or the bytes are invalid."""
+    for back in range(1, len(before) + 1):
+        lead = before[-back]
+        if lead & 0xC0 == 0x80:
+            continue
+        need = 2 if lead >> 5 == 0b110 else 3 if lead >> 4 == 0b1110 else 4 if lead >> 3 == 0b11110 else 1
+        rest = need - back
+        if rest <= 0:
+            return 0
+        if len(data) < rest:  # the rest of the character has not come yet: skip what there is of it
+            return len(data) if all(byte & 0xC0 == 0x80 for byte in data) else 0
+        whole = before[-back:] + data[:rest]
+        try:
+            whole.decode("utf-8")
+        except UnicodeDecodeError:
+            return 0
+        return rest
+    return 0
 
 
 def log_ended(hqe: HostQueueEntry, log: RunLog | None) -> bool:

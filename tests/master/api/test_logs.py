@@ -151,6 +151,32 @@ def test_an_append_costs_a_fixed_number_of_queries(lab1, hqe, django_assert_num_
         assert push(lab1, hqe.id, 5, b"second").status_code == 200
 
 
+def test_a_log_that_ended_takes_no_more_bytes_but_acknowledges_a_repeated_final(lab1, hqe, user):
+    push(lab1, hqe.id, 0, b"done\n", final=True)
+    assert push(lab1, hqe.id, 0, b"done\n", final=True).json() == {
+        "hqe": hqe.id,
+        "size": 5,
+        "kept": 5,
+        "truncated": False,
+        "complete": True,
+        "new": 0,
+    }
+    late = push(lab1, hqe.id, 5, b"forged after the end\n")
+    assert late.status_code == 400 and late.json()["detail"]["field"] == "offset"
+    assert "ended at byte 5" in late.json()["error"]
+    assert stored(hqe.id) == b"done\n" and RunLog.objects.get(hqe=hqe).size == 5
+    # A reader that stopped at `ended` missed nothing.
+    assert user.get(f"/api/v1/jobs/{hqe.job_id}/log").json()["text"] == "done\n"
+
+
+def test_a_cut_log_that_ended_takes_no_more_bytes_either(lab1, hqe, settings):
+    settings.FLEETSHARD_MAX_LOG_BYTES = 3
+    push(lab1, hqe.id, 0, b"abcdef", final=True)
+    late = push(lab1, hqe.id, 100, b"more")
+    assert late.status_code == 400 and late.json()["detail"]["field"] == "offset"
+    assert RunLog.objects.get(hqe=hqe).size == 6
+
+
 # Reading
 
 
@@ -175,6 +201,30 @@ def test_a_slice_never_ends_in_half_a_character_until_the_log_ends(lab1, hqe, us
     push(lab1, hqe.id, 8, euro[2:] + b"5 \xff\x00", final=True)
     rest = user.get(url, {"offset": 6}).json()
     assert rest["text"] == "€5 \ufffd\ufffd" and rest["complete"] is True and rest["ended"] is True
+
+
+@pytest.mark.parametrize("inside", [2, 3, 4])
+def test_a_reader_starting_inside_a_character_gets_the_next_whole_one(lab1, hqe, user, inside):
+    data = "a😀b".encode()  # the emoji is bytes 1-4
+    push(lab1, hqe.id, 0, data)
+    piece = user.get(f"/api/v1/jobs/{hqe.job_id}/log", {"offset": inside}).json()
+    assert piece["text"] == "b" and piece["offset"] == 5 and piece["next_offset"] == 6
+
+
+def test_a_stray_continuation_byte_at_the_start_is_still_shown(lab1, hqe, user):
+    push(lab1, hqe.id, 0, b"a\x80\x80b")
+    url = f"/api/v1/jobs/{hqe.job_id}/log"
+    assert user.get(url, {"offset": 1}).json()["text"] == "\ufffd\ufffdb"
+    assert user.get(url, {"offset": 2}).json()["text"] == "\ufffdb"
+
+
+def test_a_reader_inside_a_character_whose_end_has_not_come_waits_for_the_next_one(lab1, hqe, user):
+    push(lab1, hqe.id, 0, b"a" + "😀".encode()[:2])
+    url = f"/api/v1/jobs/{hqe.job_id}/log"
+    piece = user.get(url, {"offset": 2}).json()
+    assert piece["text"] == "" and piece["next_offset"] == 3
+    push(lab1, hqe.id, 3, "😀".encode()[2:] + b"b")
+    assert user.get(url, {"offset": piece["next_offset"]}).json()["text"] == "b"
 
 
 def test_a_log_ending_in_a_cut_character_shows_it_as_a_replacement_once_complete(lab1, hqe, user):
