@@ -187,7 +187,11 @@ class LogShipper:
         """Sends the log's next chunk if it has one: the bytes sent, and whether more are waiting.
         Sets `state.finished` once the master has the whole log."""
         if state.offset is None:
-            state.offset = self.sender.send(state.hqe_id, 0, b"", final=False).size
+            where = self.sender.send(state.hqe_id, 0, b"", final=False)
+            state.offset = where.size
+            if where.complete:  # shipped whole before a restart: nothing may follow a final chunk
+                state.finished = True
+                return 0, False
         data, eof = self._read(state)
         if data is None:
             state.finished = self._finish_unreadable(state)

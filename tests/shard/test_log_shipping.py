@@ -11,7 +11,7 @@ import pytest
 
 from common.constants import MAX_LOG_CHUNK_BYTES
 from master.logs.models import RunLog, RunLogChunk
-from master.logs.store import LogGap, append_log
+from master.logs.store import LogEnded, LogGap, append_log
 from shard.client import HeartbeatClient
 from shard.log_shipping import Answer, LogRefused, LogSender, LogShipper, LogsUnsupported, MasterUnavailable
 from shard.workspace import RUN_LOG
@@ -38,6 +38,8 @@ class StoreMaster:
             appended = append_log(hqe_id, offset, data, final=final)
         except LogGap as gap:
             return Answer(gap.expected)
+        except LogEnded as ended:
+            raise LogRefused(ended.message) from ended
         return Answer(appended.size, appended.truncated, appended.complete)
 
 
@@ -128,6 +130,20 @@ def test_a_restarted_shard_asks_where_the_master_is_and_sends_only_the_rest(worl
     restarted.ship_pass(threading.Event())
     assert master.sent == [(hqe_id, 0, b"", False), (hqe_id, 5, b"bbbb\n", True)]
     assert stored(hqe_id) == b"aaaa\nbbbb\n"
+
+
+def test_a_restarted_shard_leaves_a_log_the_master_has_whole_after_one_question(world):
+    world.host("h1", ("lab",))
+    job = world.job("echo whole", meta_host="lab")
+    world.run_until(lambda: world.finished(job), what="the job to end")
+    hqe_id = world.hqe(job).id
+    append_log(hqe_id, 0, b"whole\n", final=True)
+    master = StoreMaster()
+    restarted = shipper_for(world, master)
+    restarted.find_runs()
+    restarted.ship_pass(threading.Event())
+    assert master.sent == [(hqe_id, 0, b"", False)]
+    assert restarted.logs == {} and hqe_id in restarted.done
 
 
 def test_a_master_outage_only_delays_shipping(world):
