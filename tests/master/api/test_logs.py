@@ -189,7 +189,7 @@ def test_a_follower_reads_from_its_offset_only_what_is_new(lab1, hqe, user):
     push(lab1, hqe.id, 8, b"three\n")
     then = user.get(url, {"offset": 8, "hqe": hqe.id}).json()
     assert then["text"] == "three\n" and then["offset"] == 8 and then["next_offset"] == 14
-    assert user.get(url, {"offset": 4, "limit": 3}).json()["text"] == "two"
+    assert user.get(url, {"offset": 4, "limit": 4}).json()["text"] == "two\n"
 
 
 def test_a_slice_never_ends_in_half_a_character_until_the_log_ends(lab1, hqe, user):
@@ -225,6 +225,16 @@ def test_a_reader_inside_a_character_whose_end_has_not_come_waits_for_the_next_o
     assert piece["text"] == "" and piece["next_offset"] == 3
     push(lab1, hqe.id, 3, "😀".encode()[2:] + b"b")
     assert user.get(url, {"offset": piece["next_offset"]}).json()["text"] == "b"
+
+
+def test_a_follower_reading_four_bytes_at_a_time_gets_every_character(lab1, hqe, user):
+    text = "a€😀\u00e9b"
+    push(lab1, hqe.id, 0, text.encode())
+    url, offset, seen = f"/api/v1/jobs/{hqe.job_id}/log", 0, ""
+    for _ in range(20):
+        piece = user.get(url, {"offset": offset, "limit": 4}).json()
+        seen, offset = seen + piece["text"], piece["next_offset"]
+    assert seen == text
 
 
 def test_a_log_ending_in_a_cut_character_shows_it_as_a_replacement_once_complete(lab1, hqe, user):
@@ -280,6 +290,8 @@ def test_a_job_of_several_entries_needs_hqe(user, fleet):
         ("/api/v1/jobs/{job}/log", {"hqe": "x"}, 400, "hqe"),
         ("/api/v1/jobs/{job}/log", {"offset": "-5"}, 400, "offset"),
         ("/api/v1/jobs/{job}/log", {"limit": "0"}, 200, None),
+        ("/api/v1/jobs/{job}/log", {"limit": "3"}, 400, "limit"),
+        ("/api/v1/jobs/{job}/log", {"limit": "4"}, 200, None),
         ("/api/v1/jobs/{job}/log", {"limit": str(2**40)}, 400, "limit"),
     ],
 )
