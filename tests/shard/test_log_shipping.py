@@ -5,6 +5,7 @@ fail; the sender itself is tested against a real master process below."""
 
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -215,6 +216,25 @@ def test_a_log_the_master_refuses_is_dropped_and_the_others_go_on(world):
     assert stored(world.hqe(fine).id) == b"yes\n" and not RunLog.objects.filter(hqe_id=world.hqe(refused).id).exists()
     shipper.find_runs()
     assert shipper.logs == {}
+
+
+class SlowMaster(StoreMaster):
+    def send(self, hqe_id: int, offset: int, data: bytes, *, final: bool) -> Answer:
+        time.sleep(1.0)
+        return super().send(hqe_id, offset, data, final=final)
+
+
+def test_a_stopping_shards_flush_ends_by_its_deadline_however_many_logs_wait(world):
+    for name in ("h1", "h2", "h3"):
+        world.host(name, ("lab",))
+    jobs = [world.job(f"echo {n}", meta_host="lab") for n in range(3)]
+    world.run_until(lambda: world.finished(*jobs), what="the jobs to end")
+    shipper = shipper_for(world, SlowMaster())
+    started = time.monotonic()
+    shipper.flush(0.2)
+    # At most the chunk in flight at the deadline (1 s); shipping all three would take 6 s.
+    assert time.monotonic() - started < 3.0
+    assert len(shipper.logs) >= 2
 
 
 def test_a_run_outside_the_results_root_is_not_shipped(world):
