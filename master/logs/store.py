@@ -24,6 +24,8 @@ from master.logs.models import RunLog, RunLogChunk
 # An HQE ended this long ago whose shard never said its log ended (a shard without log shipping, or
 # one that lost the run) has a log that is not coming: a follower stops waiting for it.
 LOG_SETTLE = timedelta(seconds=60)
+# Appends smaller than this go into the log's last row while it stays this small (see _store).
+MERGE_BELOW = 16 * 1024
 
 
 class LogGap(FleetshardError):
@@ -86,7 +88,7 @@ def append_log(hqe_id: int, offset: int, data: bytes, *, final: bool = False) ->
     if fresh and size == kept:
         keep = fresh[: max(0, settings.FLEETSHARD_MAX_LOG_BYTES - kept)]
         if keep:
-            RunLogChunk.objects.create(log=log, start=kept, end=kept + len(keep), data=keep)
+            _store(log, kept, keep)
             kept += len(keep)
     new_size = max(size, offset + len(data))
     complete = log.complete or final
@@ -95,6 +97,17 @@ def append_log(hqe_id: int, offset: int, data: bytes, *, final: bool = False) ->
             size=new_size, kept=kept, complete=complete, updated_on=timezone.now()
         )
     return Appended(size=new_size, kept=kept, complete=complete, new=new_size - size)
+
+
+def _store(log: RunLog, kept: int, keep: bytes) -> None:
+    """Stores `keep` at byte `kept` (the log's end): into its last row while that stays under
+    MERGE_BELOW, so a log sent a few bytes at a time is a row per 16 KiB, not a row per request."""
+    if len(keep) < MERGE_BELOW and kept > 0:
+        last = RunLogChunk.objects.filter(log=log, end=kept, start__gte=kept + len(keep) - MERGE_BELOW).first()
+        if last is not None:
+            RunLogChunk.objects.filter(id=last.id).update(end=kept + len(keep), data=bytes(last.data) + keep)
+            return
+    RunLogChunk.objects.create(log=log, start=kept, end=kept + len(keep), data=keep)
 
 
 @dataclass(frozen=True)
