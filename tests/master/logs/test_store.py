@@ -97,3 +97,13 @@ def test_a_large_append_is_a_row_of_its_own(fleet):
         (1 + MERGE_BELOW, 2 + MERGE_BELOW),
     ]
     assert stored(hqe.id) == b"a" + b"b" * MERGE_BELOW + b"c"
+
+
+@pytest.mark.django_db
+def test_deleting_a_job_deletes_its_logs_with_it(fleet):
+    job = fleet.job()
+    hqe = HostQueueEntry.objects.get(job=job)
+    append_log(hqe.id, 0, b"x" * (MERGE_BELOW + 1))
+    append_log(hqe.id, MERGE_BELOW + 1, b"end", final=True)
+    job.delete()
+    assert not RunLog.objects.exists() and not RunLogChunk.objects.exists()
