@@ -124,7 +124,8 @@ class LogSlice:
 
 
 def read_log(hqe: HostQueueEntry, offset: int, limit: int) -> LogSlice:
-    """Up to `limit` bytes of the HQE's log from byte `offset` (past the end: none), as text."""
+    """Up to `limit` bytes of the HQE's log from byte `offset` (past the end: none; inside a character:
+    from the next one), as text."""
     log = RunLog.objects.filter(hqe_id=hqe.id).first()
     if log is None:
         return LogSlice(offset, offset, "", 0, False, False, log_ended(hqe, None))
