@@ -187,7 +187,11 @@ class LogShipper:
         """Sends the log's next chunk if it has one: the bytes sent, and whether more are waiting.
         Sets `state.finished` once the master has the whole log."""
         if state.offset is None:
-            state.offset = self.sender.send(state.hqe_id, 0, b"", final=False).size
+            where = self.sender.send(state.hqe_id, 0, b"", final=False)
+            state.offset = where.size
+            if where.complete:  # shipped whole before a restart: nothing may follow a final chunk
+                state.finished = True
+                return 0, False
         data, eof = self._read(state)
         if data is None:
             state.finished = self._finish_unreadable(state)
@@ -249,17 +253,22 @@ class LogShipper:
 
     def flush(self, timeout_s: float) -> None:
         """A stopping shard's last passes: the ends of its runs' logs, for up to `timeout_s`."""
-        deadline = time.monotonic() + timeout_s
-        never = threading.Event()
+        # A pass stops between chunks at the deadline: a slow master must not hold a stopping shard.
+        deadline = threading.Event()
+        timer = threading.Timer(timeout_s, deadline.set)
+        timer.daemon = True
+        timer.start()
         try:
-            while time.monotonic() < deadline:
+            while not deadline.is_set():
                 self.find_runs()
-                self.ship_pass(never)
+                self.ship_pass(deadline)
                 if not any(state.ended for state in self.logs.values()):
                     return
-                time.sleep(0.1)
+                deadline.wait(0.1)
         except (MasterUnavailable, DatabaseError) as exc:
             log.warning("the ends of %d logs are not shipped (%s); the next start sends them", len(self.logs), exc)
+        finally:
+            timer.cancel()
 
     def run(self, stop: threading.Event) -> None:
         """Until `stop`: waits for the master to accept this shard instance, then ships as logs grow."""

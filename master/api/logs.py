@@ -24,6 +24,8 @@ from master.auth import PersonalTokenAuthentication, ShardPrincipal
 from master.logs.store import LogGap, append_log, read_log
 
 ERROR = ErrorSerializer
+# A UTF-8 character takes up to 4 bytes: a read of fewer could return nothing and never move on.
+MIN_LOG_READ_BYTES = 4
 
 
 class ShardLogAuthentication(PersonalTokenAuthentication):
@@ -125,7 +127,9 @@ class LogAppendView(APIView):
         ],
         responses={
             200: OpenApiResponse(AppendedSerializer, description="Taken (`new` 0: the master had it already)."),
-            400: OpenApiResponse(ERROR, description="Bad parameters; `error` names the field."),
+            400: OpenApiResponse(
+                ERROR, description="Bad parameters, or bytes after the final chunk; `error` names the field."
+            ),
             401: OpenApiResponse(ERROR, description="Missing or unknown token."),
             403: OpenApiResponse(ERROR, description="Not a shard's token, or another shard's HQE."),
             404: OpenApiResponse(ERROR, description="Unknown HQE."),
@@ -184,7 +188,9 @@ class JobLogView(APIView):
             OpenApiParameter("hqe", int, description="The entry (HQE id); needed when the job has several."),
             OpenApiParameter("offset", int, description="The byte to start at (default 0): a follower's next_offset."),
             OpenApiParameter(
-                "limit", int, description=f"At most this many bytes (default and maximum {MAX_LOG_READ_BYTES})."
+                "limit",
+                int,
+                description=f"At most this many bytes (default and maximum {MAX_LOG_READ_BYTES}; 0, or at least 4).",
             ),
         ],
         responses={
@@ -201,6 +207,13 @@ class JobLogView(APIView):
         hqe_id = _number(params.get("hqe"), "hqe", default=0)
         offset = _number(params.get("offset"), "offset", default=0)
         limit = _number(params.get("limit"), "limit", default=MAX_LOG_READ_BYTES, high=MAX_LOG_READ_BYTES)
+        if 0 < limit < MIN_LOG_READ_BYTES:
+            # Less than a character would leave next_offset where it was: a follower would never move on.
+            raise FleetshardError(
+                f"limit: {limit} is less than a character can take: use 0 (only where the log stands) or "
+                f"{MIN_LOG_READ_BYTES} to {MAX_LOG_READ_BYTES}",
+                field="limit",
+            )
         job_id = int(id)
         hqes = HostQueueEntry.objects.filter(job_id=job_id).only("id", "job_id", "status", "started_on", "finished_on")
         found = list(hqes.filter(id=hqe_id) if hqe_id else hqes[:2])

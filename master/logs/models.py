@@ -2,7 +2,8 @@
 
 A log is bytes, exactly as the job wrote them (offsets count bytes, so a repeated or resent chunk is
 recognised byte for byte); it is decoded to text only for reading (master/logs/store.py). One row per
-HQE says how far the shard got and how much is kept; the bytes are rows of chunks, each as it came.
+HQE says how far the shard got and how much is kept; the bytes are rows of chunks (small appends
+share a row, up to 16 KiB: master/logs/store.py).
 Defined here, registered through master.models.
 """
 

@@ -59,3 +59,37 @@ def test_the_job_page_shows_a_running_jobs_log_growing(master_server: Master, ch
         context.close()
         shard.process.stop()
     wait_until(lambda: shard.process.proc is not None and shard.process.proc.poll() is not None, what="shard stop")
+
+
+def test_a_page_left_open_on_a_chatty_job_keeps_only_the_last_lines(
+    master_server: Master, chromium: Any, tmp_path: Any
+) -> None:
+    from playwright.sync_api import expect
+
+    user = f"log-keeper-{uuid.uuid4().hex[:6]}"
+    master_server.shell(
+        f"from django.contrib.auth.models import User\nUser.objects.create_superuser({user!r}, '', {PASSWORD!r})\n"
+        "result = None"
+    )
+    go = tmp_path / "go"
+    # 1.5 MB in lines of 100 bytes, once the page is open (it shows a log's last 256 KiB at first).
+    command = f'while [ ! -e "{go}" ]; do sleep 0.1; done; head -c 1485000 /dev/zero | tr "\\0" x | fold -w 99'
+    shard = new_shard(master_server, tmp_path, hosts=1)
+    (job,) = submit(master_server, [{"name": "chatty", "command": command, "meta_hosts": [[shard.label, 1]]}])
+    context = chromium.new_context()
+    context.set_default_timeout(30_000)
+    page = context.new_page()
+    shard.process.start()
+    try:
+        login(page, master_server.url, user, f"/admin/common/job/{job}/change/")
+        expect(page.locator(".fs-live-log .fs-log-note")).to_contain_text("live: Running")
+        go.touch()
+        expect(page.locator(".fs-live-log")).to_have_attribute("data-state", "ended", timeout=60_000)
+        shown = page.locator(".fs-live-log pre.fs-live").evaluate("pre => pre.textContent")
+        assert 400_000 < len(shown) <= 512 * 1024, len(shown)
+        assert set(shown.splitlines()) == {"x" * 99}, "whole lines only"
+        expect(page.locator(".fs-live-log .fs-log-note")).to_contain_text("Earlier output is not shown")
+    finally:
+        context.close()
+        shard.process.stop()
+    wait_until(lambda: shard.process.proc is not None and shard.process.proc.poll() is not None, what="shard stop")

@@ -5,13 +5,14 @@ fail; the sender itself is tested against a real master process below."""
 
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from common.constants import MAX_LOG_CHUNK_BYTES
 from master.logs.models import RunLog, RunLogChunk
-from master.logs.store import LogGap, append_log
+from master.logs.store import LogEnded, LogGap, append_log
 from shard.client import HeartbeatClient
 from shard.log_shipping import Answer, LogRefused, LogSender, LogShipper, LogsUnsupported, MasterUnavailable
 from shard.workspace import RUN_LOG
@@ -38,6 +39,8 @@ class StoreMaster:
             appended = append_log(hqe_id, offset, data, final=final)
         except LogGap as gap:
             return Answer(gap.expected)
+        except LogEnded as ended:
+            raise LogRefused(ended.message) from ended
         return Answer(appended.size, appended.truncated, appended.complete)
 
 
@@ -130,6 +133,20 @@ def test_a_restarted_shard_asks_where_the_master_is_and_sends_only_the_rest(worl
     assert stored(hqe_id) == b"aaaa\nbbbb\n"
 
 
+def test_a_restarted_shard_leaves_a_log_the_master_has_whole_after_one_question(world):
+    world.host("h1", ("lab",))
+    job = world.job("echo whole", meta_host="lab")
+    world.run_until(lambda: world.finished(job), what="the job to end")
+    hqe_id = world.hqe(job).id
+    append_log(hqe_id, 0, b"whole\n", final=True)
+    master = StoreMaster()
+    restarted = shipper_for(world, master)
+    restarted.find_runs()
+    restarted.ship_pass(threading.Event())
+    assert master.sent == [(hqe_id, 0, b"", False)]
+    assert restarted.logs == {} and hqe_id in restarted.done
+
+
 def test_a_master_outage_only_delays_shipping(world):
     world.host("h1", ("lab",))
     job = world.job("echo one; echo two", meta_host="lab")
@@ -199,6 +216,25 @@ def test_a_log_the_master_refuses_is_dropped_and_the_others_go_on(world):
     assert stored(world.hqe(fine).id) == b"yes\n" and not RunLog.objects.filter(hqe_id=world.hqe(refused).id).exists()
     shipper.find_runs()
     assert shipper.logs == {}
+
+
+class SlowMaster(StoreMaster):
+    def send(self, hqe_id: int, offset: int, data: bytes, *, final: bool) -> Answer:
+        time.sleep(1.0)
+        return super().send(hqe_id, offset, data, final=final)
+
+
+def test_a_stopping_shards_flush_ends_by_its_deadline_however_many_logs_wait(world):
+    for name in ("h1", "h2", "h3"):
+        world.host(name, ("lab",))
+    jobs = [world.job(f"echo {n}", meta_host="lab") for n in range(3)]
+    world.run_until(lambda: world.finished(*jobs), what="the jobs to end")
+    shipper = shipper_for(world, SlowMaster())
+    started = time.monotonic()
+    shipper.flush(0.2)
+    # At most the chunk in flight at the deadline (1 s); shipping all three would take 6 s.
+    assert time.monotonic() - started < 3.0
+    assert len(shipper.logs) >= 2
 
 
 def test_a_run_outside_the_results_root_is_not_shipped(world):

@@ -8,6 +8,9 @@
   var POLL_MS = 1000;
   // A page shows at most the last this many bytes of a log at first: `fleetshard job log` prints all.
   var FIRST_BYTES = 256 * 1024;
+  // And keeps at most this many characters of it, dropping the oldest lines: a page left open on a
+  // chatty job must not hold the master's whole 100 MiB.
+  var KEEP_CHARS = 2 * FIRST_BYTES;
 
   function get(url, params) {
     var query = Object.keys(params).map(function (k) {
@@ -28,6 +31,8 @@
     this.pre.style.cssText = "margin:0;max-width:60em;max-height:30em;overflow:auto;white-space:pre-wrap;font-size:11px";
     this.offset = null;  // unknown until the first read says how long the log is
     this.skipped = 0;
+    this.chars = 0;
+    this.dropped = false;
     this.shown = false;
     this.ended = false;
   }
@@ -43,14 +48,36 @@
     if (slice.text) {
       var atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
       pre.appendChild(document.createTextNode(slice.text));
+      this.chars += slice.text.length;
+      this.trim();
       if (atBottom) pre.scrollTop = pre.scrollHeight;
     }
     var parts = [];
     if (slice.truncated) parts.push("[fleetshard] the master keeps the first " + slice.size + " bytes of this log.");
-    if (this.skipped) parts.push("(The first " + this.skipped + " bytes are not shown: `fleetshard job log` prints them.)");
+    if (this.dropped) parts.push("(Earlier output is not shown: `fleetshard job log` prints it.)");
+    else if (this.skipped) parts.push("(The first " + this.skipped + " bytes are not shown: `fleetshard job log` prints them.)");
     if (!slice.ended) parts.push("live: " + slice.hqe_status);
     this.note.textContent = parts.join(" ");
     this.box.dataset.state = slice.ended ? "ended" : "live";
+  };
+
+  // Drops the oldest text past KEEP_CHARS, up to the end of a line (a read ends anywhere in one).
+  Log.prototype.trim = function () {
+    var pre = this.pre, over = this.chars - KEEP_CHARS;
+    if (over <= 0) return;
+    while (pre.firstChild && pre.firstChild.data.length <= over) {
+      over -= pre.firstChild.data.length;
+      this.chars -= pre.firstChild.data.length;
+      pre.removeChild(pre.firstChild);
+    }
+    var first = pre.firstChild;
+    if (first) {
+      var line = first.data.indexOf("\n", over);
+      var cut = line >= 0 ? line + 1 : over;
+      first.deleteData(0, cut);
+      this.chars -= cut;
+    }
+    this.dropped = true;
   };
 
   // Reads what is new (all of it, 1 MiB at a time); resolves once this log is caught up for now.

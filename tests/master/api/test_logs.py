@@ -51,7 +51,7 @@ def test_a_duplicate_chunk_is_acknowledged_and_not_appended_twice(lab1, hqe):
     overlap = push(lab1, hqe.id, 1, b"bcdef")
     assert overlap.json()["size"] == 6 and overlap.json()["new"] == 3
     assert stored(hqe.id) == b"abcdef"
-    assert RunLogChunk.objects.filter(log_id=hqe.id).count() == 2
+    assert RunLogChunk.objects.filter(log_id=hqe.id).count() == 1  # small appends share a row
 
 
 def test_a_chunk_past_the_end_is_refused_with_the_offset_to_send_and_changes_nothing(lab1, hqe):
@@ -146,9 +146,36 @@ def test_a_chunk_over_the_bound_is_413_and_changes_nothing(lab1, hqe):
 
 def test_an_append_costs_a_fixed_number_of_queries(lab1, hqe, django_assert_num_queries):
     push(lab1, hqe.id, 0, b"first")
-    # Token (and its shard), the HQE's owner; then in one transaction: lock the log, store the chunk, move its end.
-    with django_assert_num_queries(7):
+    # Token (and its shard), the HQE's owner; then in one transaction: lock the log, find its last row (small
+    # appends share it), store the chunk, move its end.
+    with django_assert_num_queries(8):
         assert push(lab1, hqe.id, 5, b"second").status_code == 200
+
+
+def test_a_log_that_ended_takes_no_more_bytes_but_acknowledges_a_repeated_final(lab1, hqe, user):
+    push(lab1, hqe.id, 0, b"done\n", final=True)
+    assert push(lab1, hqe.id, 0, b"done\n", final=True).json() == {
+        "hqe": hqe.id,
+        "size": 5,
+        "kept": 5,
+        "truncated": False,
+        "complete": True,
+        "new": 0,
+    }
+    late = push(lab1, hqe.id, 5, b"forged after the end\n")
+    assert late.status_code == 400 and late.json()["detail"]["field"] == "offset"
+    assert "ended at byte 5" in late.json()["error"]
+    assert stored(hqe.id) == b"done\n" and RunLog.objects.get(hqe=hqe).size == 5
+    # A reader that stopped at `ended` missed nothing.
+    assert user.get(f"/api/v1/jobs/{hqe.job_id}/log").json()["text"] == "done\n"
+
+
+def test_a_cut_log_that_ended_takes_no_more_bytes_either(lab1, hqe, settings):
+    settings.FLEETSHARD_MAX_LOG_BYTES = 3
+    push(lab1, hqe.id, 0, b"abcdef", final=True)
+    late = push(lab1, hqe.id, 100, b"more")
+    assert late.status_code == 400 and late.json()["detail"]["field"] == "offset"
+    assert RunLog.objects.get(hqe=hqe).size == 6
 
 
 # Reading
@@ -163,7 +190,7 @@ def test_a_follower_reads_from_its_offset_only_what_is_new(lab1, hqe, user):
     push(lab1, hqe.id, 8, b"three\n")
     then = user.get(url, {"offset": 8, "hqe": hqe.id}).json()
     assert then["text"] == "three\n" and then["offset"] == 8 and then["next_offset"] == 14
-    assert user.get(url, {"offset": 4, "limit": 3}).json()["text"] == "two"
+    assert user.get(url, {"offset": 4, "limit": 4}).json()["text"] == "two\n"
 
 
 def test_a_slice_never_ends_in_half_a_character_until_the_log_ends(lab1, hqe, user):
@@ -175,6 +202,40 @@ def test_a_slice_never_ends_in_half_a_character_until_the_log_ends(lab1, hqe, us
     push(lab1, hqe.id, 8, euro[2:] + b"5 \xff\x00", final=True)
     rest = user.get(url, {"offset": 6}).json()
     assert rest["text"] == "€5 \ufffd\ufffd" and rest["complete"] is True and rest["ended"] is True
+
+
+@pytest.mark.parametrize("inside", [2, 3, 4])
+def test_a_reader_starting_inside_a_character_gets_the_next_whole_one(lab1, hqe, user, inside):
+    data = "a😀b".encode()  # the emoji is bytes 1-4
+    push(lab1, hqe.id, 0, data)
+    piece = user.get(f"/api/v1/jobs/{hqe.job_id}/log", {"offset": inside}).json()
+    assert piece["text"] == "b" and piece["offset"] == 5 and piece["next_offset"] == 6
+
+
+def test_a_stray_continuation_byte_at_the_start_is_still_shown(lab1, hqe, user):
+    push(lab1, hqe.id, 0, b"a\x80\x80b")
+    url = f"/api/v1/jobs/{hqe.job_id}/log"
+    assert user.get(url, {"offset": 1}).json()["text"] == "\ufffd\ufffdb"
+    assert user.get(url, {"offset": 2}).json()["text"] == "\ufffdb"
+
+
+def test_a_reader_inside_a_character_whose_end_has_not_come_waits_for_the_next_one(lab1, hqe, user):
+    push(lab1, hqe.id, 0, b"a" + "😀".encode()[:2])
+    url = f"/api/v1/jobs/{hqe.job_id}/log"
+    piece = user.get(url, {"offset": 2}).json()
+    assert piece["text"] == "" and piece["next_offset"] == 3
+    push(lab1, hqe.id, 3, "😀".encode()[2:] + b"b")
+    assert user.get(url, {"offset": piece["next_offset"]}).json()["text"] == "b"
+
+
+def test_a_follower_reading_four_bytes_at_a_time_gets_every_character(lab1, hqe, user):
+    text = "a€😀\u00e9b"
+    push(lab1, hqe.id, 0, text.encode())
+    url, offset, seen = f"/api/v1/jobs/{hqe.job_id}/log", 0, ""
+    for _ in range(20):
+        piece = user.get(url, {"offset": offset, "limit": 4}).json()
+        seen, offset = seen + piece["text"], piece["next_offset"]
+    assert seen == text
 
 
 def test_a_log_ending_in_a_cut_character_shows_it_as_a_replacement_once_complete(lab1, hqe, user):
@@ -230,6 +291,8 @@ def test_a_job_of_several_entries_needs_hqe(user, fleet):
         ("/api/v1/jobs/{job}/log", {"hqe": "x"}, 400, "hqe"),
         ("/api/v1/jobs/{job}/log", {"offset": "-5"}, 400, "offset"),
         ("/api/v1/jobs/{job}/log", {"limit": "0"}, 200, None),
+        ("/api/v1/jobs/{job}/log", {"limit": "3"}, 400, "limit"),
+        ("/api/v1/jobs/{job}/log", {"limit": "4"}, 200, None),
         ("/api/v1/jobs/{job}/log", {"limit": str(2**40)}, 400, "limit"),
     ],
 )

@@ -8,7 +8,7 @@ from django.db import connection
 
 from common.models import HostQueueEntry
 from master.logs.models import RunLog, RunLogChunk
-from master.logs.store import LogGap, append_log
+from master.logs.store import MERGE_BELOW, LogGap, append_log
 
 
 def stored(hqe_id: int) -> bytes:
@@ -70,3 +70,40 @@ def test_a_gap_changes_nothing(fleet):
     assert gap.value.expected == 2
     log = RunLog.objects.get(hqe=hqe)
     assert (log.size, log.kept, log.complete, stored(hqe.id)) == (2, 2, False, b"ab")
+
+
+@pytest.mark.django_db
+def test_small_appends_share_rows_so_a_log_of_tiny_chunks_stays_a_few_rows(fleet):
+    hqe = HostQueueEntry.objects.get(job=fleet.job())
+    # 40,000 bytes, 100 a request, as a trickling job (or a hostile shard) would send them.
+    data = bytes(range(200)) * 200
+    for offset in range(0, len(data), 100):
+        append_log(hqe.id, offset, data[offset : offset + 100])
+    assert stored(hqe.id) == data
+    rows = list(RunLogChunk.objects.filter(log_id=hqe.id).order_by("start").values_list("start", "end"))
+    assert len(rows) == 3 and all(end - start <= MERGE_BELOW for start, end in rows), rows
+    assert all(a_end == b_start for (_, a_end), (b_start, _) in zip(rows, rows[1:], strict=False))
+
+
+@pytest.mark.django_db
+def test_a_large_append_is_a_row_of_its_own(fleet):
+    hqe = HostQueueEntry.objects.get(job=fleet.job())
+    append_log(hqe.id, 0, b"a")
+    append_log(hqe.id, 1, b"b" * MERGE_BELOW)
+    append_log(hqe.id, 1 + MERGE_BELOW, b"c")
+    assert list(RunLogChunk.objects.filter(log_id=hqe.id).values_list("start", "end")) == [
+        (0, 1),
+        (1, 1 + MERGE_BELOW),
+        (1 + MERGE_BELOW, 2 + MERGE_BELOW),
+    ]
+    assert stored(hqe.id) == b"a" + b"b" * MERGE_BELOW + b"c"
+
+
+@pytest.mark.django_db
+def test_deleting_a_job_deletes_its_logs_with_it(fleet):
+    job = fleet.job()
+    hqe = HostQueueEntry.objects.get(job=job)
+    append_log(hqe.id, 0, b"x" * (MERGE_BELOW + 1))
+    append_log(hqe.id, MERGE_BELOW + 1, b"end", final=True)
+    job.delete()
+    assert not RunLog.objects.exists() and not RunLogChunk.objects.exists()
