@@ -71,6 +71,17 @@ def test_the_window_defaults_to_the_last_24_hours_and_clips(fleet):
     assert _row(stats(scope(NOW, since=at(1800), until=at(2400))), "a1")["running_s"] == pytest.approx(600)
 
 
+def test_a_window_starting_after_now_is_refused_not_summed_negative(fleet):
+    """Open intervals clipped to [since, now) with since after now once summed to -3600 s running."""
+    add_run("a1", 0, None)
+    add_state("a2", "Repairing", 200, None)
+    with pytest.raises(FleetshardError, match="since .* is after the master's clock") as refused:
+        scope(NOW, since=at(7200))
+    assert refused.value.field == "since"
+    rows = stats(scope(NOW, since=NOW), "host")
+    assert {(r["running_s"], r["repairing_s"], r["idle_s"]) for r in rows} == {(0.0, 0.0, 0.0)}
+
+
 def test_a_bad_grouping_is_refused(fleet):
     with pytest.raises(FleetshardError, match="invalid by 'job'"):
         stats(scope(NOW), "job")
