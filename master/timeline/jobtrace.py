@@ -67,14 +67,18 @@ def sanitised(data: bytes) -> tuple[list[list[Any]], int]:
             raise TraceRejected(f"more than {MAX_TRACE_EVENTS} complete events")
     if not kept:
         raise TraceRejected('no complete ("ph": "X") event with a numeric ts and a dur >= 0')
-    origin = min(ts for ts, *_ in kept)
+    # The first event near the bulk of them: one stray event (a `ts` of 0 among epoch microseconds)
+    # would otherwise push every other one past MAX_SPAN_US, and only the stray would be kept.
+    starts = sorted(ts for ts, *_ in kept)
+    median = starts[len(starts) // 2]
+    origin = next(ts for ts in starts if ts >= median - MAX_SPAN_US)
     spans = sorted(
         ((round(ts - origin), round(dur), name, cat) for ts, dur, name, cat in kept), key=lambda e: (e[0], -e[1])
     )
     events: list[list[Any]] = []
     stack: list[int] = []
     for start, dur, name, cat in spans:
-        if start > MAX_SPAN_US:
+        if start < 0 or start > MAX_SPAN_US:
             continue
         end = start + dur
         while stack and stack[-1] <= start:

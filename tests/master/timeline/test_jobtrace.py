@@ -63,6 +63,18 @@ def test_hostile_files_are_refused_with_the_reason(data, message):
         sanitised(data)
 
 
+def test_a_stray_event_far_from_the_others_is_dropped_not_the_others():
+    """Times are taken from the first event near the bulk: a stray `ts` of 0 among epoch microseconds
+    once became the origin, and every real event, now decades after it, was dropped."""
+    epoch_us = 1_763_856_000_000_000
+    stray = [x("boot", 0, 5), x("main", epoch_us, 100), x("step", epoch_us + 10, 20), x("tail", epoch_us + 200, 1)]
+    events, dropped = sanitised(json.dumps(stray).encode())
+    assert events == [["main", "", 0, 100], ["step", "", 10, 20], ["tail", "", 200, 1]] and dropped == 1
+    late = [x("a", 0, 5), x("b", 10, 5), x("c", 20, 5), x("later", 10**18, 1)]
+    events, dropped = sanitised(json.dumps(late).encode())
+    assert [e[0] for e in events] == ["a", "b", "c"] and dropped == 1
+
+
 def test_a_shard_uploads_its_hqes_trace_once_and_nothing_else_gets_in(fleet):
     run = add_run("a1", 0, 60)
     shard, other = client_for(fleet.token1), client_for(fleet.token2)
