@@ -23,6 +23,7 @@ from master.timeline.query import Scope, selected
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 ONE_US = timedelta(microseconds=1)
 CHUNK_ROWS = 5000
+TRACES_PER_FETCH = 2
 FLUSH_CHARS = 1 << 16
 # Level 7: a tenth smaller than 6 on a trace's repetitive lines, for a little more time (bench/timeline.py).
 GZIP_LEVEL = 7
@@ -143,7 +144,8 @@ def _job_events(rows: Any) -> Iterator[str]:
         .annotate(s0=Micros(F("start")), lo=Micros(F("clip_start")), hi=Micros(F("clip_end")))
         .values_list("shard_id", "host_id", "s0", "lo", "hi", "hqe__trace__events")
     )
-    for shard, host, start, low, high, events in traced.iterator(chunk_size=100):
+    # Two at a time: a trace may be MAX_TRACE_EVENTS long-named events, about 5 MB once read.
+    for shard, host, start, low, high, events in traced.iterator(chunk_size=TRACES_PER_FETCH):
         head = f',"cat":"job","ph":"X","pid":{shard or NO_SHARD},"tid":{host},"ts":'
         for name, cat, ts, dur in events if isinstance(events, list) else ():
             begin, end = max(low, start + ts), min(high, start + ts + dur)
