@@ -41,13 +41,26 @@ def trace_events(s: Scope) -> Iterator[str]:
 
 
 def _parts(s: Scope, *, batched: bool) -> Iterator[str]:
-    """The events' JSON texts; `batched`: the slices come as runs of events joined by commas."""
-    rows = selected(s).order_by()
-    pairs: set[tuple[int | None, int]] = set(rows.order_by().values_list("shard_id", "host_id").distinct())
-    counters = _counters(s, {shard for shard, _ in pairs}) if pairs or s.shards else []
-    shard_ids = {shard or NO_SHARD for shard, _ in pairs} | {shard for shard, *_ in counters}
-    slices = _slices(rows, batched=batched)
-    return chain(_metadata(shard_ids, pairs), _counter_events(counters), slices, _job_events(rows))
+    """The events' JSON texts; `batched`: the slices come as runs of events joined by commas.
+
+    All read from one snapshot on PostgreSQL: an interval the heartbeat writes meanwhile (a run on a
+    host not yet named) would otherwise be a slice on a thread without a name, or a job's events
+    without their run."""
+    with transaction.atomic():
+        if connection.vendor == "postgresql" and _outermost():
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        rows = selected(s).order_by()
+        pairs: set[tuple[int | None, int]] = set(rows.order_by().values_list("shard_id", "host_id").distinct())
+        counters = _counters(s, {shard for shard, _ in pairs}) if pairs or s.shards else []
+        shard_ids = {shard or NO_SHARD for shard, _ in pairs} | {shard for shard, *_ in counters}
+        slices = _slices(rows, batched=batched)
+        yield from chain(_metadata(shard_ids, pairs), _counter_events(counters), slices, _job_events(rows))
+
+
+def _outermost() -> bool:
+    """Whether the atomic block just entered began the transaction (a test's may hold an outer one)."""
+    return not connection.savepoint_ids
 
 
 def trace_chunks(s: Scope) -> Iterator[str]:
