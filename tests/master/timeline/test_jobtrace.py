@@ -64,6 +64,36 @@ def test_hostile_files_are_refused_with_the_reason(data, message):
         sanitised(data)
 
 
+def test_begin_and_end_events_pair_per_thread_into_complete_ones():
+    """Many tools write B/E pairs, not X events: such a trace was refused as having no complete event."""
+    data = [
+        {"name": "outer", "ph": "B", "ts": 100, "tid": 1},
+        {"name": "other thread", "ph": "B", "ts": 310, "tid": 2},
+        {"name": "inner", "ph": "B", "ts": 120, "tid": 1, "cat": "io"},
+        {"ph": "E", "ts": 150, "tid": 1},
+        {"ph": "E", "ts": 300, "tid": 1},
+        {"ph": "E", "ts": 330, "tid": 2},
+        {"name": "never ended", "ph": "B", "ts": 140, "tid": 1},
+        {"ph": "E", "ts": 500, "tid": 3},
+        {"name": "odd ids", "ph": "B", "ts": 160, "tid": {"a": 1}, "pid": [1]},
+        {"ph": "E", "ts": 170, "tid": {"a": 1}, "pid": [1]},
+    ]
+    events, dropped = sanitised(json.dumps(data).encode())
+    assert events == [
+        ["outer", "", 0, 200],
+        ["inner", "io", 20, 30],
+        ["odd ids", "", 60, 10],
+        ["other thread", "", 210, 20],
+    ]
+    assert dropped == 2
+
+
+def test_a_time_of_hundreds_of_digits_is_dropped_not_an_error():
+    """math.isfinite raised OverflowError on such an integer: the upload answered 500."""
+    events, dropped = sanitised(b'[{"ph":"X","ts":1' + b"0" * 400 + b',"dur":1},{"ph":"X","ts":5,"dur":1}]')
+    assert events == [["(unnamed)", "", 0, 1]] and dropped == 1
+
+
 def test_a_stray_event_far_from_the_others_is_dropped_not_the_others():
     """Times are taken from the first event near the bulk: a stray `ts` of 0 among epoch microseconds
     once became the origin, and every real event, now decades after it, was dropped."""
