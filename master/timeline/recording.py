@@ -77,11 +77,11 @@ def record_runs(hqes: list[dict[str, Any]]) -> int:
     return len(runs)
 
 
-def close_open_runs(shard: Shard, at: datetime) -> int:
-    """Ends the open runs of a shard whose database was replaced: their HQEs failed at `at`."""
-    return Interval.objects.filter(shard=shard, kind=IntervalKind.RUN, end__isnull=True).update(
-        end=Greatest(F("start"), Value(at))
-    )
+def close_open_intervals(shard: Shard, at: datetime) -> int:
+    """Ends the open intervals of a shard whose database was replaced, at `at`: its runs' HQEs failed
+    then, and its hosts' Cleaning or Repairing would never end (the new database sends an event only
+    when a status changes), overlapping every later run of the host."""
+    return Interval.objects.filter(shard=shard, end__isnull=True).update(end=Greatest(F("start"), Value(at)))
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,19 @@ def test_a_replaced_shard_database_closes_its_open_runs(fleet, heartbeat):
     assert run.end == HostQueueEntry.objects.get(id=hqe.id).finished_on
 
 
+def test_a_replaced_shard_database_ends_its_hosts_open_states(fleet, heartbeat):
+    """The new database sends no event for a status it holds unchanged: an open Repairing once stayed
+    open for good, overlapping every later run of the host."""
+    a1 = host("a1")
+    heartbeat(fleet.lab1, fleet.token1, host_events=[event(1, a1.id, "Repairing", 0)])
+    fleet.lab1.refresh_from_db()
+    fleet.lab1.last_heartbeat -= timedelta(days=1)
+    fleet.lab1.save(update_fields=["last_heartbeat"])
+    heartbeat(fleet.lab1, fleet.token1, instance="00000000-0000-4000-8000-000000000001")
+    ((kind, start, end),) = _states()
+    assert (kind, start) == ("Repairing", at(0)) and end is not None and end > at(0)
+
+
 def _states(name="a1"):
     return list(Interval.objects.filter(host__hostname=name).order_by("start").values_list("kind", "start", "end"))
 
