@@ -38,7 +38,7 @@ from common.wire import (
     Update,
     format_time,
 )
-from master.timeline.recording import HostChange, close_open_runs, record_host_changes, record_runs
+from master.timeline.recording import HostChange, close_open_intervals, record_host_changes, record_runs
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +203,7 @@ def _adopt(shard: Shard, instance: str, now: datetime) -> None:
     # (a copy could hold an HQE still queued that ran meanwhile; the resent job says it ended).
     HostQueueEntry.objects.filter(job__shard=shard).update(last_seq=0)
     refresh_job_statuses(job_ids)
-    close_open_runs(shard, now)
+    close_open_intervals(shard, now)
     Job.objects.filter(shard=shard, status__in=JobStatus.ACTIVE).update(version=F("version") + 1)
     Host.objects.filter(shard=shard).update(version=F("version") + 1)
     log.warning(

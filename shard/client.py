@@ -23,7 +23,7 @@ from common.network import request_failure
 from common.wire import HeartbeatResponse, WireError
 from shard.ingest import IngestResult, apply_response, known_hosts, known_jobs
 from shard.instance import ensure_instance
-from shard.outbox import outbox_depth, pending, pending_host_events
+from shard.outbox import committed_seq, outbox_depth, pending, pending_host_events
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +104,14 @@ class HeartbeatClient:
     def build_request(self) -> dict[str, Any]:
         if self.instance is None:
             self.instance = ensure_instance()
+        # Events only up to a seq read before the updates: a job's end and its host's Cleaning committed
+        # between the two reads would send the event without the update, and the master, seeing the run
+        # still open, would drop the Cleaning for good.
+        committed = committed_seq()
         updates = pending(MAX_UPDATES_PER_HEARTBEAT)
-        cut = updates[-1]["seq"] if len(updates) == MAX_UPDATES_PER_HEARTBEAT else None
+        cut = committed + 1
+        if len(updates) == MAX_UPDATES_PER_HEARTBEAT:
+            cut = min(cut, updates[-1]["seq"])
         return {
             "protocol": PROTOCOL_VERSION,
             "shard": self.shard_hostname,

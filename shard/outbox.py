@@ -23,6 +23,12 @@ def reserve_seqs(count: int) -> range:
     return range(last - count + 1, last + 1)
 
 
+def committed_seq() -> int:
+    """The last seq taken by a committed change: every update and event up to it is readable now, as
+    taking a seq locks the counter's row until that change commits."""
+    return ShardState.objects.values_list("last_seq", flat=True).first() or 0
+
+
 def next_seq() -> int:
     return reserve_seqs(1)[0]
 

@@ -23,6 +23,7 @@ from master.timeline.query import Scope, selected
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 ONE_US = timedelta(microseconds=1)
 CHUNK_ROWS = 5000
+TRACES_PER_FETCH = 2
 FLUSH_CHARS = 1 << 16
 # Level 7: a tenth smaller than 6 on a trace's repetitive lines, for a little more time (bench/timeline.py).
 GZIP_LEVEL = 7
@@ -40,13 +41,26 @@ def trace_events(s: Scope) -> Iterator[str]:
 
 
 def _parts(s: Scope, *, batched: bool) -> Iterator[str]:
-    """The events' JSON texts; `batched`: the slices come as runs of events joined by commas."""
-    rows = selected(s).order_by()
-    pairs: set[tuple[int | None, int]] = set(rows.order_by().values_list("shard_id", "host_id").distinct())
-    counters = _counters(s, {shard for shard, _ in pairs}) if pairs or s.shards else []
-    shard_ids = {shard or NO_SHARD for shard, _ in pairs} | {shard for shard, *_ in counters}
-    slices = _slices(rows, batched=batched)
-    return chain(_metadata(shard_ids, pairs), _counter_events(counters), slices, _job_events(rows))
+    """The events' JSON texts; `batched`: the slices come as runs of events joined by commas.
+
+    All read from one snapshot on PostgreSQL: an interval the heartbeat writes meanwhile (a run on a
+    host not yet named) would otherwise be a slice on a thread without a name, or a job's events
+    without their run."""
+    with transaction.atomic():
+        if connection.vendor == "postgresql" and _outermost():
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        rows = selected(s).order_by()
+        pairs: set[tuple[int | None, int]] = set(rows.order_by().values_list("shard_id", "host_id").distinct())
+        counters = _counters(s, {shard for shard, _ in pairs}) if pairs or s.shards else []
+        shard_ids = {shard or NO_SHARD for shard, _ in pairs} | {shard for shard, *_ in counters}
+        slices = _slices(rows, batched=batched)
+        yield from chain(_metadata(shard_ids, pairs), _counter_events(counters), slices, _job_events(rows))
+
+
+def _outermost() -> bool:
+    """Whether the atomic block just entered began the transaction (a test's may hold an outer one)."""
+    return not connection.savepoint_ids
 
 
 def trace_chunks(s: Scope) -> Iterator[str]:
@@ -143,7 +157,8 @@ def _job_events(rows: Any) -> Iterator[str]:
         .annotate(s0=Micros(F("start")), lo=Micros(F("clip_start")), hi=Micros(F("clip_end")))
         .values_list("shard_id", "host_id", "s0", "lo", "hi", "hqe__trace__events")
     )
-    for shard, host, start, low, high, events in traced.iterator(chunk_size=100):
+    # Two at a time: a trace may be MAX_TRACE_EVENTS long-named events, about 5 MB once read.
+    for shard, host, start, low, high, events in traced.iterator(chunk_size=TRACES_PER_FETCH):
         head = f',"cat":"job","ph":"X","pid":{shard or NO_SHARD},"tid":{host},"ts":'
         for name, cat, ts, dur in events if isinstance(events, list) else ():
             begin, end = max(low, start + ts), min(high, start + ts + dur)

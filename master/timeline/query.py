@@ -51,6 +51,12 @@ def scope(
         raise FleetshardError(f"at most {MAX_FILTER_VALUES} shards and {MAX_FILTER_VALUES} jobs", field="shard")
     if since is not None and until is not None and until <= since:
         raise FleetshardError(f"until ({until.isoformat()}) must be after since ({since.isoformat()})", field="until")
+    if since is not None and since > now:
+        # Nothing is recorded after now: such a window would clip its slices to negative lengths.
+        raise FleetshardError(
+            f"since ({since.isoformat()}) is after the master's clock ({now.isoformat()}): nothing is recorded yet",
+            field="since",
+        )
     names = tuple(dict.fromkeys(shards))
     found = set(Shard.objects.filter(hostname__in=names).values_list("hostname", flat=True)) if names else set()
     missing = [n for n in names if n not in found]

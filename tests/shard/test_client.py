@@ -382,3 +382,39 @@ def test_a_proxy_error_page_is_its_status_and_reason_not_its_html(transactional_
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_job_end_committed_while_the_request_is_built_sends_neither_its_update_nor_its_hosts_event(
+    transactional_db, master_server, world, monkeypatch
+):
+    """The updates and the events are two reads: a run's end and its host's Cleaning committed between
+    them once sent the event alone, and the master, the run still open there, dropped the Cleaning."""
+    client = client_for(master_server, world)
+    client.tick()
+    host_id = world["hosts"][0]
+    hqe = HostQueueEntry.objects.order_by("id").first()
+    with shard_write():
+        move_host(host_id, "Running", held_by="", holder="me")
+        transition_hqe(hqe.id, "Running", host_id=host_id)
+    client.tick()
+    read_updates = client_module.pending
+
+    def pending_then_the_job_ends(limit: int) -> list[dict[str, Any]]:
+        updates = read_updates(limit)
+        with shard_write():
+            finish_hqe(hqe.id, "Completed", exit_code=0)
+            move_host(host_id, "Cleaning", held_by="me", holder="me")
+        return updates
+
+    monkeypatch.setattr(client_module, "pending", pending_then_the_job_ends)
+    body = client.build_request()
+    assert body["updates"] == [] and body["host_events"] == []
+    monkeypatch.setattr(client_module, "pending", read_updates)
+    client.tick()
+    kinds = master_server.shell(
+        f"""
+from master.timeline.models import Interval
+result = list(Interval.objects.filter(host_id={host_id}).order_by("start").values_list("kind", "end"))
+"""
+    )
+    assert [k for k, _ in kinds] == ["run", "Cleaning"] and kinds[0][1] is not None

@@ -3,13 +3,15 @@ interval with its job's args, counters of queued and running HQEs; streamed, gzi
 
 import gzip
 import json
+import threading
 
 import pytest
+from django.db import connection
 
 from common.errors import FleetshardError, NotFound
 from common.models import HostQueueEntry
 from master.timeline import export
-from master.timeline.export import FLUSH_CHARS, trace_chunks, us, write_trace
+from master.timeline.export import FLUSH_CHARS, trace_chunks, trace_events, us, write_trace
 from master.timeline.query import scope
 from master.timeline.validate import validate
 from tests.master.timeline.factories import add_run, add_state, at, host
@@ -132,3 +134,25 @@ def test_the_trace_leaves_in_pieces_not_at_once(fleet, monkeypatch):
     assert len(chunks) >= 3 and max(len(c) for c in chunks) < FLUSH_CHARS + 50 * 300
     assert validate(json.loads("".join(chunks))).slices == 800
     assert HostQueueEntry.objects.count() == 800
+
+
+@pytest.mark.postgres_only(reason="needs a second connection writing while the export reads")
+def test_an_interval_written_while_the_export_streams_is_not_half_in_it(fleet_committed):
+    """The export reads one snapshot: a run recorded on another host mid-export was once a slice on a
+    thread that had no name (its metadata already written), a trace the viewers show wrong."""
+    add_run("a1", 0, 60)
+    events = trace_events(scope(at(1000)))
+    first = next(events)
+
+    def record_elsewhere() -> None:
+        try:
+            add_run("b1", 10, 50)
+        finally:
+            connection.close()
+
+    writer = threading.Thread(target=record_elsewhere)
+    writer.start()
+    writer.join()
+    trace = {"traceEvents": [json.loads(e) for e in [first, *events]]}
+    validate(trace)
+    assert {e["tid"] for e in trace["traceEvents"] if e.get("cat") == "run"} == {host("a1").id}

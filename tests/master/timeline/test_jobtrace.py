@@ -2,6 +2,7 @@
 in its run's slice in the export, shifted to the run and clipped to it."""
 
 import json
+import tracemalloc
 
 import pytest
 
@@ -63,6 +64,48 @@ def test_hostile_files_are_refused_with_the_reason(data, message):
         sanitised(data)
 
 
+def test_begin_and_end_events_pair_per_thread_into_complete_ones():
+    """Many tools write B/E pairs, not X events: such a trace was refused as having no complete event."""
+    data = [
+        {"name": "outer", "ph": "B", "ts": 100, "tid": 1},
+        {"name": "other thread", "ph": "B", "ts": 310, "tid": 2},
+        {"name": "inner", "ph": "B", "ts": 120, "tid": 1, "cat": "io"},
+        {"ph": "E", "ts": 150, "tid": 1},
+        {"ph": "E", "ts": 300, "tid": 1},
+        {"ph": "E", "ts": 330, "tid": 2},
+        {"name": "never ended", "ph": "B", "ts": 140, "tid": 1},
+        {"ph": "E", "ts": 500, "tid": 3},
+        {"name": "odd ids", "ph": "B", "ts": 160, "tid": {"a": 1}, "pid": [1]},
+        {"ph": "E", "ts": 170, "tid": {"a": 1}, "pid": [1]},
+    ]
+    events, dropped = sanitised(json.dumps(data).encode())
+    assert events == [
+        ["outer", "", 0, 200],
+        ["inner", "io", 20, 30],
+        ["odd ids", "", 60, 10],
+        ["other thread", "", 210, 20],
+    ]
+    assert dropped == 2
+
+
+def test_a_time_of_hundreds_of_digits_is_dropped_not_an_error():
+    """math.isfinite raised OverflowError on such an integer: the upload answered 500."""
+    events, dropped = sanitised(b'[{"ph":"X","ts":1' + b"0" * 400 + b',"dur":1},{"ph":"X","ts":5,"dur":1}]')
+    assert events == [["(unnamed)", "", 0, 1]] and dropped == 1
+
+
+def test_a_stray_event_far_from_the_others_is_dropped_not_the_others():
+    """Times are taken from the first event near the bulk: a stray `ts` of 0 among epoch microseconds
+    once became the origin, and every real event, now decades after it, was dropped."""
+    epoch_us = 1_763_856_000_000_000
+    stray = [x("boot", 0, 5), x("main", epoch_us, 100), x("step", epoch_us + 10, 20), x("tail", epoch_us + 200, 1)]
+    events, dropped = sanitised(json.dumps(stray).encode())
+    assert events == [["main", "", 0, 100], ["step", "", 10, 20], ["tail", "", 200, 1]] and dropped == 1
+    late = [x("a", 0, 5), x("b", 10, 5), x("c", 20, 5), x("later", 10**18, 1)]
+    events, dropped = sanitised(json.dumps(late).encode())
+    assert [e[0] for e in events] == ["a", "b", "c"] and dropped == 1
+
+
 def test_a_shard_uploads_its_hqes_trace_once_and_nothing_else_gets_in(fleet):
     run = add_run("a1", 0, 60)
     shard, other = client_for(fleet.token1), client_for(fleet.token2)
@@ -102,3 +145,20 @@ def test_the_export_nests_a_jobs_events_in_its_run_shifted_and_clipped(fleet):
     clipped = json.loads("".join(trace_chunks(scope(at(1000), since=at(105), until=at(150)))))
     validate(clipped)
     assert {e["name"]: e["dur"] for e in clipped["traceEvents"] if e.get("cat") == "job"} == {"setup": 5_000_000}
+
+
+def test_the_export_holds_a_few_jobs_traces_in_memory_at_a_time(fleet):
+    """A trace may hold MAX_TRACE_EVENTS long-named events (about 5 MB as Python lists): read a hundred
+    at a time, a hundred of them took 500 MB of the export's memory. A quarter of that size here."""
+    events = [[f"{i:05d}" + "x" * 195, "c" * 64, i, 1] for i in range(MAX_TRACE_EVENTS // 4)]
+    runs = [add_run("a1", 10 * n, 10 * n + 5) for n in range(20)]
+    RunTrace.objects.bulk_create([RunTrace(hqe_id=run.hqe_id, events=events) for run in runs])
+    del events
+    tracemalloc.start()
+    try:
+        written = sum(len(chunk) for chunk in trace_chunks(scope(at(1000))))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert written > 20 * MAX_TRACE_EVENTS // 4 * 200
+    assert peak < 10_000_000, f"peak {peak / 1e6:.0f} MB"

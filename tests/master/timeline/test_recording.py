@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from common.constants import HostStatus
 from common.errors import FleetshardError, NotFound
-from common.models import HostQueueEntry
+from common.models import Host, HostQueueEntry
 from master.timeline.models import Interval, IntervalKind
 from master.timeline.recording import record_host_status
 from tests.master.test_heartbeat import update
@@ -61,6 +61,19 @@ def test_a_replaced_shard_database_closes_its_open_runs(fleet, heartbeat):
     (run,) = Interval.objects.filter(kind=IntervalKind.RUN)
     assert run.end is not None and run.end >= run.start
     assert run.end == HostQueueEntry.objects.get(id=hqe.id).finished_on
+
+
+def test_a_replaced_shard_database_ends_its_hosts_open_states(fleet, heartbeat):
+    """The new database sends no event for a status it holds unchanged: an open Repairing once stayed
+    open for good, overlapping every later run of the host."""
+    a1 = host("a1")
+    heartbeat(fleet.lab1, fleet.token1, host_events=[event(1, a1.id, "Repairing", 0)])
+    fleet.lab1.refresh_from_db()
+    fleet.lab1.last_heartbeat -= timedelta(days=1)
+    fleet.lab1.save(update_fields=["last_heartbeat"])
+    heartbeat(fleet.lab1, fleet.token1, instance="00000000-0000-4000-8000-000000000001")
+    ((kind, start, end),) = _states()
+    assert (kind, start) == ("Repairing", at(0)) and end is not None and end > at(0)
 
 
 def _states(name="a1"):
@@ -237,3 +250,16 @@ def test_one_heartbeat_of_many_events_records_what_one_report_at_a_time_does(fle
             for status, second in reports:
                 record_host_status(a1, status, T0 + timedelta(seconds=second), shard=fleet.lab1)
             expected = _states()
+
+
+def test_a_heartbeat_of_a_thousand_events_on_a_thousand_hosts_is_recorded(fleet, heartbeat):
+    """A full heartbeat of events on distinct hosts (a fleet-wide repair after an outage) is read in one
+    query: SQLite once refused it (an expression a thousand ORs deep), wedging the shard's heartbeats."""
+    hosts = Host.objects.bulk_create([Host(hostname=f"x{i}", shard=fleet.lab1) for i in range(1000)])
+    events = [event(i + 1, h.id, "Repairing", i % 7) for i, h in enumerate(hosts)]
+    acks = heartbeat(fleet.lab1, fleet.token1, host_events=events)["acks"]
+    assert [a["result"] for a in acks] == ["accepted"] * 1000
+    assert Interval.objects.filter(kind=IntervalKind.REPAIRING, end__isnull=True).count() == 1000
+    events = [event(1001 + i, h.id, "Ready", 60) for i, h in enumerate(hosts)]
+    heartbeat(fleet.lab1, fleet.token1, host_events=events)
+    assert set(Interval.objects.values_list("end", flat=True)) == {at(60)}

@@ -35,6 +35,14 @@ def test_a_well_formed_trace_passes_with_nested_slices_and_counters():
     assert summary.slice_us == {"job": 105, "inner": 20}
 
 
+def test_a_jobs_own_events_named_like_the_fleets_slices_are_totalled_apart():
+    run = {**x(0, 100, "smoke"), "cat": "run"}
+    state = {**x(100, 50, "Cleaning"), "cat": "host"}
+    nested = [{**x(10, 30, "run"), "cat": "job"}, {**x(40, 20, "Cleaning"), "cat": "job"}]
+    summary = validate(_named(run, state, *nested))
+    assert summary.slice_us == {"run": 100, "Cleaning": 50, "job:run": 30, "job:Cleaning": 20}
+
+
 @pytest.mark.parametrize(
     ("trace", "problem"),
     [
