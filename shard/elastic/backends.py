@@ -5,6 +5,7 @@ so a manager restarted finds its workers again. Each backend finds its own by th
 (a Slurm job name, a directory of pid files), which says which shard and which labels they serve.
 """
 
+import contextlib
 import logging
 import os
 import shlex
@@ -24,6 +25,8 @@ log = logging.getLogger(__name__)
 # Bounds on what a batch system's tools may print back to us.
 MAX_TOOL_OUTPUT = 1024 * 1024
 TOOL_TIMEOUT_S = 30.0
+# A local worker runs its command only once told to by the manager, after its pid file is written.
+GATE = 'read -r go && [ "$go" = go ] && exec "$@" </dev/null'
 
 
 class BackendError(Exception):
@@ -88,14 +91,16 @@ class LocalBackend(Backend):
         return workers
 
     def start(self) -> str:
+        """Starts a worker that waits for its pid file: a manager killed before writing it (which would
+        leave a worker nobody counts) closes the worker's stdin first, and the worker exits unrun."""
         self.dir.mkdir(parents=True, exist_ok=True)
         name = f"worker-{time.time_ns()}"
         try:
             with open(self.dir / f"{name}.log", "wb") as out:
                 child = subprocess.Popen(
-                    self.spec.command,
+                    ("/bin/sh", "-c", GATE, "fleetshard-worker", *self.spec.command),
                     cwd=self.spec.cwd,
-                    stdin=subprocess.DEVNULL,
+                    stdin=subprocess.PIPE,
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
@@ -104,11 +109,20 @@ class LocalBackend(Backend):
         except OSError as exc:
             raise BackendError(f"cannot start {self.spec.command[0]}: {exc}") from exc
         self._children.append(child)
-        fields = proc_stat(child.pid)
-        start = fields[19] if len(fields) > 19 else ""
-        tmp = self.dir / f"{name}.tmp"
-        tmp.write_text(f"{child.pid} {start}\n")
-        tmp.rename(self.dir / f"{name}.pid")
+        assert child.stdin is not None
+        try:
+            # exec keeps the process's start time: the pid file names the worker it becomes.
+            fields = proc_stat(child.pid)
+            start = fields[19] if len(fields) > 19 else ""
+            tmp = self.dir / f"{name}.tmp"
+            tmp.write_text(f"{child.pid} {start}\n")
+            tmp.rename(self.dir / f"{name}.pid")
+            child.stdin.write(b"go\n")
+        except OSError as exc:
+            raise BackendError(f"cannot record worker {child.pid}: {exc}") from exc
+        finally:
+            with contextlib.suppress(OSError):
+                child.stdin.close()
         return str(child.pid)
 
     def stop(self, worker_id: str) -> None:

@@ -1,0 +1,52 @@
+"""The worker backends against real processes: a local worker is counted from the moment it can run."""
+
+import time
+from pathlib import Path
+
+import pytest
+
+from shard.elastic import backends
+from shard.elastic.backends import BackendError, LocalBackend, WorkerSpec
+
+
+def local(tmp_path: Path, script: str) -> LocalBackend:
+    command = ("/bin/sh", "-c", script)
+    return LocalBackend(WorkerSpec("pool-test", command, cwd=tmp_path, log_dir=tmp_path / "workers"))
+
+
+def test_a_local_worker_is_listed_while_it_runs_and_stop_sends_it_sigterm(tmp_path):
+    backend = local(tmp_path, "trap 'echo drained > drained; exit 0' TERM; touch started; while :; do sleep 0.05; done")
+    worker = backend.start()
+    assert [w.id for w in backend.list_workers()] == [worker]
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "started").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    backend.stop(worker)
+    (child,) = backend._children
+    assert child.wait(timeout=10) == 0
+    assert (tmp_path / "drained").read_text() == "drained\n"
+    assert backend.list_workers() == []
+    assert list((tmp_path / "workers").glob("*.pid")) == []
+
+
+def test_a_manager_killed_before_it_recorded_a_local_worker_leaves_no_uncounted_worker_running(tmp_path, monkeypatch):
+    backend = local(tmp_path, "touch ran")
+
+    def killed(pid: int) -> list[str]:
+        raise KeyboardInterrupt("the manager dies between starting the worker and writing its pid file")
+
+    monkeypatch.setattr(backends, "proc_stat", killed)
+    with pytest.raises(KeyboardInterrupt):
+        backend.start()
+    (child,) = backend._children
+    child.wait(timeout=10)
+    assert not (tmp_path / "ran").exists(), "a worker nobody counts ran: the pool could exceed --max-workers"
+
+
+def test_a_local_worker_that_cannot_start_is_a_backend_error(tmp_path):
+    backend = LocalBackend(
+        WorkerSpec("pool-test", (str(tmp_path / "missing"),), cwd=tmp_path / "nowhere", log_dir=tmp_path / "w")
+    )
+    with pytest.raises(BackendError):
+        backend.start()
+    assert backend.list_workers() == []
