@@ -1,0 +1,45 @@
+"""HeartbeatLeadership's lock against a killed connection, in one process with two leaderships: the old
+holder stops before the new one starts, so the shard never has two heartbeaters."""
+
+import threading
+import time
+
+import pytest
+from django.db import connection
+
+from shard.leader import HeartbeatLeadership, lock_key
+from tests.support import wait_until
+
+pytestmark = pytest.mark.postgres_only(reason="the heartbeat lock is a PostgreSQL advisory lock")
+
+
+def test_a_holder_whose_connection_is_killed_stops_before_another_takes_over(db):
+    stop = threading.Event()
+    key = lock_key(f"leadership-test-{time.time_ns()}")
+    # The old holder looks at its lock rarely, the other tries often: the worst case for an overlap.
+    old = HeartbeatLeadership(stop, 3.0, key=key, what="old")
+    new = HeartbeatLeadership(stop, 0.05, key=key, what="new")
+    both: list[float] = []
+
+    def watch() -> None:
+        while not stop.is_set():
+            if old.held.is_set() and new.held.is_set():
+                both.append(time.monotonic())
+            time.sleep(0.005)
+
+    try:
+        old.start()
+        assert old.wait_held(10)
+        new.start()
+        wait_until(new.follows.is_set, timeout=10, interval=0.02, what="the other to follow")
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        pid = old._conn.connection.info.backend_pid
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+        assert new.wait_held(10), "nobody took the heartbeat over"
+        assert not old.held.is_set()
+        assert old.lost.is_set()
+        assert both == [], "two processes held the heartbeat at once"
+    finally:
+        stop.set()
