@@ -195,14 +195,9 @@ class SlurmBackend(Backend):
         return workers
 
     def sbatch_argv(self) -> list[str]:
-        argv = [
-            "sbatch",
-            "--parsable",
-            f"--job-name={self.job_name}",
-            f"--chdir={self.spec.cwd}",
-            f"--output={self.spec.log_dir}/worker-%j.log",
-            "--export=ALL",
-        ]
+        """The operator's options first, the manager's after: sbatch takes the last of a repeated option
+        and any prefix of a long one (`--job=x`), so no option can rename the workers out of sight."""
+        argv = ["sbatch"]
         if self.options.partition:
             argv.append(f"--partition={self.options.partition}")
         if self.options.account:
@@ -210,6 +205,13 @@ class SlurmBackend(Backend):
         if self.options.time_limit:
             argv.append(f"--time={self.options.time_limit}")
         argv += self.options.sbatch_options
+        argv += [
+            f"--job-name={self.job_name}",
+            f"--chdir={self.spec.cwd}",
+            f"--output={self.spec.log_dir}/worker-%j.log",
+            "--export=ALL",
+            "--parsable",
+        ]
         argv += ["--wrap", "exec " + shlex.join(self.spec.command)]
         return argv
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from shard.elastic import backends
-from shard.elastic.backends import BackendError, LocalBackend, WorkerSpec
+from shard.elastic.backends import BackendError, LocalBackend, SlurmBackend, SlurmOptions, WorkerSpec
 
 
 def local(tmp_path: Path, script: str) -> LocalBackend:
@@ -50,3 +50,21 @@ def test_a_local_worker_that_cannot_start_is_a_backend_error(tmp_path):
     with pytest.raises(BackendError):
         backend.start()
     assert backend.list_workers() == []
+
+
+def test_an_operators_sbatch_option_cannot_rename_or_redirect_the_workers_even_abbreviated(tmp_path):
+    """sbatch takes the last of repeated options and any unambiguous prefix of a long one (`--job=x` is
+    `--job-name=x`): a worker renamed so would be invisible to the manager, which would start more."""
+    spec = WorkerSpec("fleetshard-lab1-abc", ("run_shard",), cwd=tmp_path, log_dir=tmp_path / "w")
+    options = SlurmOptions(sbatch_options=("--job=other", "--out=/tmp/x", "--chd=/", "--qos=low"))
+    argv = SlurmBackend(spec, options).sbatch_argv()
+    assert argv[-7:] == [
+        "--job-name=fleetshard-lab1-abc",
+        f"--chdir={tmp_path}",
+        f"--output={tmp_path / 'w'}/worker-%j.log",
+        "--export=ALL",
+        "--parsable",
+        "--wrap",
+        "exec run_shard",
+    ]
+    assert argv.index("--qos=low") < argv.index("--job-name=fleetshard-lab1-abc")
