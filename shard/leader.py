@@ -33,8 +33,8 @@ HEARTBEAT_LOCK_KEY = 0x66736862_74  # "fshbt"
 ACCEPTED_FOR_INTERVALS = 3
 
 # A holder checks its lock's connection this often, whatever its interval, and a process that takes
-# the lock waits TAKEOVER_S before it acts on it: a holder whose connection was killed (the lock then
-# goes at once) has noticed and stopped by then, so two processes never heartbeat together.
+# the lock over from another waits TAKEOVER_S before it acts on it: a holder whose connection was
+# killed (the lock then goes at once) has noticed and stopped by then, so two never heartbeat together.
 CHECK_S = 0.1
 TAKEOVER_S = 1.0
 
@@ -87,6 +87,8 @@ class HeartbeatLeadership:
         self._conn: Any = None
         # When this process got the lock (monotonic); it acts on it TAKEOVER_S later.
         self._got_at: float | None = None
+        # Whether another process held the lock once while this one lived (a takeover then waits).
+        self._followed = False
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -149,10 +151,14 @@ class HeartbeatLeadership:
                 return
             cursor.execute("SELECT pg_try_advisory_lock(%s)", [self.key])
             (got,) = cursor.fetchone()
-        if got:
+        if got and self._followed:
             self.follows.clear()
             self._got_at = time.monotonic()
+        elif got:
+            log.info("this process now runs %s", self.what)
+            self._take()
         else:
+            self._followed = True
             self.follows.set()
 
     def _close(self) -> None:
