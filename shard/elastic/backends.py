@@ -87,7 +87,11 @@ class LocalBackend(Backend):
             if pid is None:
                 path.unlink(missing_ok=True)
                 continue
-            workers.append(Worker(str(pid), WorkerState.ACTIVE, order=path.stat().st_mtime))
+            try:
+                order = path.stat().st_mtime
+            except OSError:
+                order = 0.0
+            workers.append(Worker(str(pid), WorkerState.ACTIVE, order=order))
         return workers
 
     def start(self) -> str:
@@ -132,14 +136,25 @@ class LocalBackend(Backend):
 
 
 def _live_pid(path: Path) -> int | None:
-    """The pid a worker's pid file names, when that very process (not a reuse of its pid) still runs."""
+    """The pid a worker's pid file names, when that very process (not a reuse of its pid) still runs.
+
+    Raises BackendError when it cannot tell (no file descriptors left): a worker whose pid file were
+    dropped then would run on uncounted."""
     try:
         text = path.read_text()[:100]
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise BackendError(f"cannot read {path}: {exc}") from exc
+    try:
         pid_text, start = text.split()
         pid = int(pid_text)
-    except (OSError, ValueError):
+    except ValueError:
         return None
-    fields = proc_stat(pid)
+    try:
+        fields = proc_stat(pid, gone_only=True)
+    except OSError as exc:
+        raise BackendError(f"cannot tell whether worker {pid} runs: {exc}") from exc
     if len(fields) <= 19 or fields[0] == "Z" or fields[19] != start:
         return None
     return pid

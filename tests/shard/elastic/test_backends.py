@@ -1,5 +1,6 @@
 """The worker backends against real processes: a local worker is counted from the moment it can run."""
 
+import errno
 import time
 from pathlib import Path
 
@@ -68,3 +69,28 @@ def test_an_operators_sbatch_option_cannot_rename_or_redirect_the_workers_even_a
         "exec run_shard",
     ]
     assert argv.index("--qos=low") < argv.index("--job-name=fleetshard-lab1-abc")
+
+
+def test_a_local_worker_whose_proc_entry_cannot_be_read_is_not_forgotten(tmp_path, monkeypatch):
+    """Out of file descriptors, /proc cannot be read: that says nothing of the worker, whose pid file
+    must stay (dropped, the worker would run on uncounted and the manager would start more)."""
+    backend = local(tmp_path, "while :; do sleep 0.05; done")
+    worker = backend.start()
+    real = backends.proc_stat
+
+    def no_descriptors(pid: int | str, *, gone_only: bool = False) -> list[str]:
+        # What shard.tracking.proc_stat does when open() fails with EMFILE.
+        if gone_only:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return []
+
+    try:
+        monkeypatch.setattr(backends, "proc_stat", no_descriptors)
+        with pytest.raises(BackendError):
+            backend.list_workers()
+        monkeypatch.setattr(backends, "proc_stat", real)
+        assert [w.id for w in backend.list_workers()] == [worker]
+    finally:
+        (child,) = backend._children
+        child.kill()
+        child.wait(timeout=10)
