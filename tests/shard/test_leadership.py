@@ -41,5 +41,8 @@ def test_a_holder_whose_connection_is_killed_stops_before_another_takes_over(db)
         assert not old.held.is_set()
         assert old.lost.is_set()
         assert both == [], "two processes held the heartbeat at once"
+        # The old one reconnects and follows (its presence and its next try need a live thread).
+        wait_until(old.follows.is_set, timeout=10, interval=0.05, what="the old holder to follow")
+        assert old._thread is not None and old._thread.is_alive()
     finally:
         stop.set()
