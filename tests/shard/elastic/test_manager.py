@@ -88,6 +88,12 @@ def test_a_restarted_manager_keeps_the_interval_since_the_last_start():
         (["--backend=local", "--max-workers=1", *[f"--label=l{n}" for n in range(21)]], "20 at most"),
         (["--backend=slurm", "--max-workers=1", "--slurm-sbatch-option=--job-name=x"], "sets -J, --job-name"),
         (["--backend=slurm", "--max-workers=1", "--slurm-sbatch-option=-J"], "finds its workers by their job name"),
+        (["--backend=slurm", "--max-workers=1", "--slurm-sbatch-option=--job=x"], "sets -J, --job-name"),
+        (["--backend=slurm", "--max-workers=1", "--slurm-sbatch-option=--arr=1-9"], "sets -J, --job-name"),
+        (["--backend=slurm", "--max-workers=1", "--slurm-sbatch-option=-a1-9"], "sets -J, --job-name"),
+        (["--backend=local", "--max-workers=1", "--label=a\x00b"], "each --label must be"),
+        (["--backend=local", "--max-workers=1", "--label=a\nb"], "each --label must be"),
+        (["--backend=local", "--max-workers=-1"], "need 0 <= --min-workers <= --max-workers"),
     ],
 )
 def test_run_worker_manager_refuses_bad_options_with_what_is_wrong(settings, args, error):
