@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -30,6 +31,12 @@ HEARTBEAT_LOCK_KEY = 0x66736862_74  # "fshbt"
 # A follower trusts the master's acceptance of this database while the holder's last heartbeat is
 # this many intervals old at most.
 ACCEPTED_FOR_INTERVALS = 3
+
+# A holder checks its lock's connection this often, whatever its interval, and a process that takes
+# the lock over from another waits TAKEOVER_S before it acts on it: a holder whose connection was
+# killed (the lock then goes at once) has noticed and stopped by then, so two never heartbeat together.
+CHECK_S = 0.1
+TAKEOVER_S = 1.0
 
 
 def worker_mode_refusal() -> str | None:
@@ -78,6 +85,10 @@ class HeartbeatLeadership:
         # Whether this process held the heartbeat when told to stop: it then sends the last ones.
         self.held_when_stopped = not self.shared
         self._conn: Any = None
+        # When this process got the lock (monotonic); it acts on it TAKEOVER_S later.
+        self._got_at: float | None = None
+        # Whether another process held the lock once while this one lived (a takeover then waits).
+        self._followed = False
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -96,6 +107,7 @@ class HeartbeatLeadership:
         self.held.set()
 
     def _drop(self) -> None:
+        self._got_at = None
         self.follows.clear()
         self.held.clear()
         self.lost.set()
@@ -114,7 +126,8 @@ class HeartbeatLeadership:
                         log.warning("lost the lock of %s (%s): another process may take it", self.what, exc)
                     self._drop()
                     self._close()
-                self.stop.wait(self.interval_s)
+                holding = self.held.is_set() or self._got_at is not None
+                self.stop.wait(min(CHECK_S, self.interval_s) if holding else self.interval_s)
         finally:
             self.held_when_stopped = self.held.is_set()
             self._drop()
@@ -129,16 +142,23 @@ class HeartbeatLeadership:
                 with self._conn.cursor() as cursor:
                     cursor.execute("SELECT pg_advisory_lock(%s)", [presence_key(self.presence)])
         with self._conn.cursor() as cursor:
-            if self.held.is_set():
+            if self.held.is_set() or self._got_at is not None:
                 cursor.execute("SELECT 1")
+                if self._got_at is not None and time.monotonic() - self._got_at >= TAKEOVER_S:
+                    log.info("this process now runs %s", self.what)
+                    self._got_at = None
+                    self._take()
                 return
             cursor.execute("SELECT pg_try_advisory_lock(%s)", [self.key])
             (got,) = cursor.fetchone()
-        if got:
-            log.info("this process now runs %s", self.what)
+        if got and self._followed:
             self.follows.clear()
+            self._got_at = time.monotonic()
+        elif got:
+            log.info("this process now runs %s", self.what)
             self._take()
         else:
+            self._followed = True
             self.follows.set()
 
     def _close(self) -> None:

@@ -78,6 +78,18 @@ def databases(role: str) -> dict[str, dict[str, Any]]:
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
         }
         default["TEST"] = {"NAME": str(DATA_DIR / f"test-{os.getpid()}.sqlite3")}
+    elif default["ENGINE"] == "django.db.backends.postgresql":
+        # A client whose machine vanished (a Slurm node losing power) never closes its connection:
+        # the server would keep its advisory locks (a shard's heartbeat, a worker's presence) until
+        # TCP keepalive gives up, two hours by default. Probes after 10 s idle end it within 30 s;
+        # the client probes too, so a vanished server is noticed as soon.
+        options = default.setdefault("OPTIONS", {})
+        keepalive = "-c tcp_keepalives_idle=10 -c tcp_keepalives_interval=5 -c tcp_keepalives_count=3"
+        options["options"] = f"{options.get('options', '')} {keepalive}".strip()
+        options.setdefault("keepalives", 1)
+        options.setdefault("keepalives_idle", 10)
+        options.setdefault("keepalives_interval", 5)
+        options.setdefault("keepalives_count", 3)
     return {"default": default}
 
 

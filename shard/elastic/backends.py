@@ -5,6 +5,7 @@ so a manager restarted finds its workers again. Each backend finds its own by th
 (a Slurm job name, a directory of pid files), which says which shard and which labels they serve.
 """
 
+import contextlib
 import logging
 import os
 import shlex
@@ -24,6 +25,8 @@ log = logging.getLogger(__name__)
 # Bounds on what a batch system's tools may print back to us.
 MAX_TOOL_OUTPUT = 1024 * 1024
 TOOL_TIMEOUT_S = 30.0
+# A local worker runs its command only once told to by the manager, after its pid file is written.
+GATE = 'read -r go && [ "$go" = go ] && exec "$@" </dev/null'
 
 
 class BackendError(Exception):
@@ -84,18 +87,24 @@ class LocalBackend(Backend):
             if pid is None:
                 path.unlink(missing_ok=True)
                 continue
-            workers.append(Worker(str(pid), WorkerState.ACTIVE, order=path.stat().st_mtime))
+            try:
+                order = path.stat().st_mtime
+            except OSError:
+                order = 0.0
+            workers.append(Worker(str(pid), WorkerState.ACTIVE, order=order))
         return workers
 
     def start(self) -> str:
+        """Starts a worker that waits for its pid file: a manager killed before writing it (which would
+        leave a worker nobody counts) closes the worker's stdin first, and the worker exits unrun."""
         self.dir.mkdir(parents=True, exist_ok=True)
         name = f"worker-{time.time_ns()}"
         try:
             with open(self.dir / f"{name}.log", "wb") as out:
                 child = subprocess.Popen(
-                    self.spec.command,
+                    ("/bin/sh", "-c", GATE, "fleetshard-worker", *self.spec.command),
                     cwd=self.spec.cwd,
-                    stdin=subprocess.DEVNULL,
+                    stdin=subprocess.PIPE,
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
@@ -104,11 +113,20 @@ class LocalBackend(Backend):
         except OSError as exc:
             raise BackendError(f"cannot start {self.spec.command[0]}: {exc}") from exc
         self._children.append(child)
-        fields = proc_stat(child.pid)
-        start = fields[19] if len(fields) > 19 else ""
-        tmp = self.dir / f"{name}.tmp"
-        tmp.write_text(f"{child.pid} {start}\n")
-        tmp.rename(self.dir / f"{name}.pid")
+        assert child.stdin is not None
+        try:
+            # exec keeps the process's start time: the pid file names the worker it becomes.
+            fields = proc_stat(child.pid)
+            start = fields[19] if len(fields) > 19 else ""
+            tmp = self.dir / f"{name}.tmp"
+            tmp.write_text(f"{child.pid} {start}\n")
+            tmp.rename(self.dir / f"{name}.pid")
+            child.stdin.write(b"go\n")
+        except OSError as exc:
+            raise BackendError(f"cannot record worker {child.pid}: {exc}") from exc
+        finally:
+            with contextlib.suppress(OSError):
+                child.stdin.close()
         return str(child.pid)
 
     def stop(self, worker_id: str) -> None:
@@ -118,14 +136,25 @@ class LocalBackend(Backend):
 
 
 def _live_pid(path: Path) -> int | None:
-    """The pid a worker's pid file names, when that very process (not a reuse of its pid) still runs."""
+    """The pid a worker's pid file names, when that very process (not a reuse of its pid) still runs.
+
+    Raises BackendError when it cannot tell (no file descriptors left): a worker whose pid file were
+    dropped then would run on uncounted."""
     try:
         text = path.read_text()[:100]
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise BackendError(f"cannot read {path}: {exc}") from exc
+    try:
         pid_text, start = text.split()
         pid = int(pid_text)
-    except (OSError, ValueError):
+    except ValueError:
         return None
-    fields = proc_stat(pid)
+    try:
+        fields = proc_stat(pid, gone_only=True)
+    except OSError as exc:
+        raise BackendError(f"cannot tell whether worker {pid} runs: {exc}") from exc
     if len(fields) <= 19 or fields[0] == "Z" or fields[19] != start:
         return None
     return pid
@@ -181,14 +210,9 @@ class SlurmBackend(Backend):
         return workers
 
     def sbatch_argv(self) -> list[str]:
-        argv = [
-            "sbatch",
-            "--parsable",
-            f"--job-name={self.job_name}",
-            f"--chdir={self.spec.cwd}",
-            f"--output={self.spec.log_dir}/worker-%j.log",
-            "--export=ALL",
-        ]
+        """The operator's options first, the manager's after: sbatch takes the last of a repeated option
+        and any prefix of a long one (`--job=x`), so no option can rename the workers out of sight."""
+        argv = ["sbatch"]
         if self.options.partition:
             argv.append(f"--partition={self.options.partition}")
         if self.options.account:
@@ -196,6 +220,13 @@ class SlurmBackend(Backend):
         if self.options.time_limit:
             argv.append(f"--time={self.options.time_limit}")
         argv += self.options.sbatch_options
+        argv += [
+            f"--job-name={self.job_name}",
+            f"--chdir={self.spec.cwd}",
+            f"--output={self.spec.log_dir}/worker-%j.log",
+            "--export=ALL",
+            "--parsable",
+        ]
         argv += ["--wrap", "exec " + shlex.join(self.spec.command)]
         return argv
 

@@ -10,6 +10,7 @@ import hashlib
 import logging
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import datetime
 
 from django.db import transaction
@@ -17,11 +18,12 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from common.constants import HQEStatus
+from common.constants import HostStatus, HQEStatus
 from common.models import Host, HostQueueEntry, Job
 from shard.elastic.backends import Backend, BackendError
 from shard.elastic.policy import Decision, Limits, Skip, Worker, WorkerState, decide
 from shard.models import WorkerPool
+from shard.recovery import runner_alive
 
 log = logging.getLogger("shard.worker_manager")
 
@@ -45,6 +47,16 @@ def queued_for(labels: Sequence[str]) -> "QuerySet[HostQueueEntry]":
             Q(meta_host__name=name) | Q(Exists(dependency)) | (Q(meta_host__isnull=True) & Q(Exists(of_host)))
         )
     return hqes
+
+
+def abandoned_work() -> bool:
+    """Whether a dead scheduler process (a worker killed mid-run) left runs or hosts behind. Only a
+    worker's recovery closes them (shard.recovery), so with no worker left they would stay open."""
+    busy = (HostStatus.RUNNING, HostStatus.CLEANING, HostStatus.REPAIRING)
+    active = (HQEStatus.STARTING, HQEStatus.RUNNING)
+    runners = set(Host.objects.filter(status__in=busy).values_list("state__runner", flat=True))
+    runners |= set(HostQueueEntry.objects.filter(status__in=active).values_list("run__runner", flat=True))
+    return any(runner and not runner_alive(runner) for runner in runners)
 
 
 def last_start(key: str) -> datetime | None:
@@ -100,11 +112,13 @@ class WorkerManager:
         *,
         clock: Callable[[], datetime] = timezone.now,
         metrics: Metrics | None = None,
+        abandoned: Callable[[], bool] = abandoned_work,
     ) -> None:
         self.backend = backend
         self.limits = limits
         self.key = key
         self.queued = queued
+        self.abandoned = abandoned
         self.clock = clock
         self.metrics = metrics or Metrics()
         self._last_skip: Skip | None = None
@@ -126,7 +140,12 @@ class WorkerManager:
         now = self.clock()
         last = last_start(self.key)
         since = (now - last).total_seconds() if last else None
-        decision = decide(self.limits, queued, workers, since)
+        limits = self.limits
+        if limits.min_workers == 0 < limits.max_workers and self.abandoned():
+            # At least one worker whatever the queue (a pending one is kept): its recovery closes
+            # the dead one's runs as infra failures.
+            limits = replace(limits, min_workers=1)
+        decision = decide(limits, queued, workers, since)
         self.metrics.queued.set(queued)
         for state in WorkerState:
             self.metrics.workers.labels(state.value).set(sum(w.state == state for w in workers))

@@ -27,8 +27,29 @@ from shard.management.commands.run_shard import shard_token
 log = logging.getLogger("shard.worker_manager")
 
 MAX_LABELS = 20
-# What names, runs and logs the workers: another value would hide them from the manager.
-MANAGER_SBATCH_OPTIONS = ("-J", "--job-name", "--wrap", "--parsable", "-o", "--output", "-D", "--chdir")
+# What names, runs and logs the workers: another value would hide them from the manager. An array
+# would make several workers of one job id that squeue lists as one.
+MANAGER_SBATCH_OPTIONS = (
+    "-J",
+    "--job-name",
+    "--wrap",
+    "--parsable",
+    "-o",
+    "--output",
+    "-D",
+    "--chdir",
+    "-a",
+    "--array",
+)
+
+
+def owned_sbatch_option(option: str) -> bool:
+    """Whether an sbatch option is one of MANAGER_SBATCH_OPTIONS, also as sbatch takes it: glued to its
+    value (`-Jx`) or abbreviated (`--job=x`, `--arr=1-9`)."""
+    name = option.split("=", 1)[0]
+    if option[:2] in MANAGER_SBATCH_OPTIONS:
+        return True
+    return len(name) > 2 and name.startswith("--") and any(o.startswith(name) for o in MANAGER_SBATCH_OPTIONS)
 
 
 class Command(BaseCommand):
@@ -73,13 +94,14 @@ class Command(BaseCommand):
         if not 0 <= options["metrics_port"] < 65536:
             raise CommandError(f"--metrics-port must be a TCP port (0: none), not {options['metrics_port']}")
         labels = [label.strip() for label in options["label"]]
-        if any(not label or len(label) > 255 for label in labels) or len(labels) > MAX_LABELS:
-            raise CommandError(f"each --label must be a label's name (1 to 255 characters), {MAX_LABELS} at most")
-        owned = [
-            o
-            for o in options["slurm_sbatch_option"]
-            if o.split("=", 1)[0] in MANAGER_SBATCH_OPTIONS or o[:2] in MANAGER_SBATCH_OPTIONS
-        ]
+        if (
+            any(not label or len(label) > 255 or not label.isprintable() for label in labels)
+            or len(labels) > MAX_LABELS
+        ):
+            raise CommandError(
+                f"each --label must be a label's name (1 to 255 printable characters), {MAX_LABELS} at most"
+            )
+        owned = [o for o in options["slurm_sbatch_option"] if owned_sbatch_option(o)]
         if owned:
             raise CommandError(
                 f"--slurm-sbatch-option {owned[0]!r}: the manager sets {', '.join(MANAGER_SBATCH_OPTIONS)} itself "

@@ -3,6 +3,7 @@ of why it started nothing (once per change), and the command's refusals."""
 
 import logging
 import re
+import socket
 from datetime import timedelta
 
 import pytest
@@ -87,9 +88,37 @@ def test_a_restarted_manager_keeps_the_interval_since_the_last_start():
         (["--backend=local", "--max-workers=1", *[f"--label=l{n}" for n in range(21)]], "20 at most"),
         (["--backend=slurm", "--max-workers=1", "--slurm-sbatch-option=--job-name=x"], "sets -J, --job-name"),
         (["--backend=slurm", "--max-workers=1", "--slurm-sbatch-option=-J"], "finds its workers by their job name"),
+        (["--backend=slurm", "--max-workers=1", "--slurm-sbatch-option=--job=x"], "sets -J, --job-name"),
+        (["--backend=slurm", "--max-workers=1", "--slurm-sbatch-option=--arr=1-9"], "sets -J, --job-name"),
+        (["--backend=slurm", "--max-workers=1", "--slurm-sbatch-option=-a1-9"], "sets -J, --job-name"),
+        (["--backend=local", "--max-workers=1", "--label=a\x00b"], "each --label must be"),
+        (["--backend=local", "--max-workers=1", "--label=a\nb"], "each --label must be"),
+        (["--backend=local", "--max-workers=-1"], "need 0 <= --min-workers <= --max-workers"),
     ],
 )
 def test_run_worker_manager_refuses_bad_options_with_what_is_wrong(settings, args, error):
     settings.ROLE = "shard"
     with pytest.raises(CommandError, match=error):
         call_command("run_worker_manager", *args)
+
+
+@pytest.mark.django_db
+def test_work_left_by_a_dead_worker_starts_a_worker_to_close_it_though_nothing_is_queued(world):
+    from common.constants import HostStatus
+    from common.models import Host
+    from shard.models import HostState
+    from shard.recovery import current_runner_id
+
+    clock = Clock()
+    backend = MemoryBackend(clock)
+    host = world.host("left", ("pool:x",))
+    Host.objects.filter(id=host).update(status=HostStatus.RUNNING)
+    # A worker that was running a job here, then SIGKILLed: only another worker's recovery closes its run.
+    HostState.objects.filter(host_id=host).update(runner=f"{socket.gethostname()}:999999999:0")
+    manager = WorkerManager(backend, Limits(0, 3, 0.0), "pool-abandoned", lambda: 0, clock=clock)
+    assert manager.tick().start
+    assert manager.tick().stop == (), "the pending worker stays until it has recovered the work"
+    assert len(backend.workers) == 1
+    backend.workers.clear()
+    HostState.objects.filter(host_id=host).update(runner=current_runner_id())
+    assert not manager.tick().start, "a live worker's host is no one's to recover"
