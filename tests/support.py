@@ -90,6 +90,9 @@ class Role:
             SECRET_KEY="e2e-test-secret",
             PYTHONUNBUFFERED="1",
         )
+        if "FLEETSHARD_CGROUP_NAME" in os.environ:
+            # The session's own cgroup root (common/settings/test.py): another session's shards never reap ours.
+            env["FLEETSHARD_CGROUP_NAME"] = os.environ["FLEETSHARD_CGROUP_NAME"]
         env.update(self.extra_env)
         env.update(more)
         return env
