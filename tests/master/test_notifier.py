@@ -174,3 +174,55 @@ def test_a_refused_change_wakes_nobody(fleet_committed, listening):
         )
     thread.join(5)
     assert got == [False]
+
+
+def test_a_change_rolled_back_by_an_outer_transaction_wakes_nobody(fleet_committed, listening):
+    from django.db import transaction
+
+    time.sleep(0.3)
+    thread, got = wait_for(fleet_committed.lab1.id, timeout_s=1.0)
+    time.sleep(0.1)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        fleet_committed.job()
+        raise RuntimeError("the caller gives up")
+    thread.join(5)
+    assert got == [False]
+
+
+@pytest.mark.postgres_only(reason="terminates the listener's PostgreSQL connection, as a database restart does")
+def test_a_listener_whose_connection_the_database_drops_ends_the_waits_says_so_and_hears_again(
+    fleet_committed, listening, caplog
+):
+    from django.db import connection
+
+    from master.notifier import RECONNECT_S
+
+    time.sleep(0.3)
+
+    def wait_or_fail() -> object:
+        try:
+            return wait_for_news(fleet_committed.lab1.id, None, 3.0)
+        except NewsUnavailable as exc:
+            return exc
+
+    thread, got = wait_in_thread(wait_or_fail)
+    time.sleep(0.1)
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = 'LISTEN fleetshard_shards'"
+            " AND pid <> pg_backend_pid() AND datname = current_database()"
+        )
+        assert cur.fetchone() is not None
+    thread.join(5)
+    assert got and isinstance(got[0], NewsUnavailable)
+    assert "change notifications lost" in caplog.text
+    deadline = time.monotonic() + RECONNECT_S + 5
+    while listening.listening_since is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert listening.listening_since is not None
+    thread, got = wait_for(fleet_committed.lab1.id, 0.0)
+    time.sleep(0.1)
+    began = time.monotonic()
+    fleet_committed.job()
+    thread.join(5)
+    assert got == [True] and time.monotonic() - began < 1
