@@ -79,6 +79,8 @@ class NewsBoard:
         self._held = 0
         # Since when this process hears every notification (monotonic); None while it hears none.
         self.listening_since: float | None = None
+        # The process is stopping: waits end without news, and the shard asks again (another process).
+        self.closing = False
 
     @property
     def held(self) -> int:
@@ -101,11 +103,22 @@ class NewsBoard:
                 for event in events:
                     event.set()
 
+    def close(self) -> None:
+        """The process is stopping: every wait ends now, without news, so its shard asks again at once
+        (of the process that replaces this one) rather than fall back to its interval."""
+        with self._lock:
+            self.closing = True
+            for events in self._waiters.values():
+                for event in events:
+                    event.set()
+
     def wait(self, shard_id: int, since_s: float | None, timeout_s: float) -> bool:
         """Whether `shard_id` had news in the last `since_s` seconds or gets some within `timeout_s`."""
         event = threading.Event()
         now = time.monotonic()
         with self._lock:
+            if self.closing:
+                return False
             if self.listening_since is None:
                 raise NewsUnavailable("this master process hears no change notifications")
             if since_s is not None:
@@ -129,6 +142,8 @@ class NewsBoard:
                     waiters.discard(event)
                     if not waiters:
                         del self._waiters[shard_id]
+        if self.closing:
+            return False
         if news and self.listening_since is None:
             raise NewsUnavailable("this master process lost its change notifications")
         return news
@@ -157,6 +172,8 @@ class Listener:
                 listen()
             except Exception as exc:
                 log.warning("change notifications lost (%s); reconnecting in %g s", exc, RECONNECT_S)
+            if self.stop.is_set():
+                self.board.close()
             self.board.listening(None)
             self.stop.wait(RECONNECT_S)
 
@@ -246,7 +263,7 @@ def wait_for_news(shard_id: int, since_s: float | None, timeout_s: float) -> boo
     if board.listening_since is None:
         # Just started: give the listener a moment to connect before calling it unavailable.
         deadline = time.monotonic() + 2.0
-        while board.listening_since is None and time.monotonic() < deadline:
+        while board.listening_since is None and not board.closing and time.monotonic() < deadline:
             time.sleep(0.02)
     return board.wait(shard_id, since_s, timeout_s)
 

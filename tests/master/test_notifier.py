@@ -72,6 +72,19 @@ def _raises(fn, *args):
         return type(exc)
 
 
+def test_a_closing_board_ends_its_waits_without_news_and_holds_no_more():
+    """A stopping process: its shards ask again at once (of its successor), not after their interval."""
+    board = listening_board()
+    thread, got = wait_in_thread(board.wait, 1, None, 10.0)
+    time.sleep(0.1)
+    began = time.monotonic()
+    board.close()
+    board.listening(None)
+    thread.join(5)
+    assert got == [False] and time.monotonic() - began < 1
+    assert board.wait(1, None, 10.0) is False and board.held == 0
+
+
 def test_a_board_holds_at_most_its_waits():
     board = listening_board(max_waits=2)
     threads = [wait_in_thread(board.wait, 1, None, 10.0) for _ in range(2)]
