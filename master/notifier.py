@@ -17,7 +17,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,8 @@ LISTEN_POLL_S = 1.0
 # (a hostile or broken shard) would take other shards' places.
 MAX_WAITS_PER_SHARD = 4
 RECONNECT_S = 2.0
+# How often a held wait looks whether its client is still there (one that left frees its thread).
+GONE_CHECK_S = 2.0
 MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the final NUL
 
 
@@ -112,8 +114,11 @@ class NewsBoard:
                 for event in events:
                     event.set()
 
-    def wait(self, shard_id: int, since_s: float | None, timeout_s: float) -> bool:
-        """Whether `shard_id` had news in the last `since_s` seconds or gets some within `timeout_s`."""
+    def wait(
+        self, shard_id: int, since_s: float | None, timeout_s: float, gone: Callable[[], bool] | None = None
+    ) -> bool:
+        """Whether `shard_id` had news in the last `since_s` seconds or gets some within `timeout_s`;
+        False as soon as `gone` says the client left."""
         event = threading.Event()
         now = time.monotonic()
         with self._lock:
@@ -133,7 +138,7 @@ class NewsBoard:
             self._held += 1
             self._waiters.setdefault(shard_id, set()).add(event)
         try:
-            news = event.wait(timeout_s)
+            news = self._await(event, now + timeout_s, gone)
         finally:
             with self._lock:
                 self._held -= 1
@@ -147,6 +152,17 @@ class NewsBoard:
         if news and self.listening_since is None:
             raise NewsUnavailable("this master process lost its change notifications")
         return news
+
+    @staticmethod
+    def _await(event: threading.Event, deadline: float, gone: Callable[[], bool] | None) -> bool:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return event.is_set()
+            if event.wait(left if gone is None else min(left, GONE_CHECK_S)):
+                return True
+            if gone is not None and gone():
+                return False
 
 
 def _is_postgres() -> bool:
@@ -258,14 +274,16 @@ def stop_listener() -> None:
         _board = _listener = None
 
 
-def wait_for_news(shard_id: int, since_s: float | None, timeout_s: float) -> bool:
+def wait_for_news(
+    shard_id: int, since_s: float | None, timeout_s: float, gone: Callable[[], bool] | None = None
+) -> bool:
     board = news_board()
     if board.listening_since is None:
         # Just started: give the listener a moment to connect before calling it unavailable.
         deadline = time.monotonic() + 2.0
         while board.listening_since is None and not board.closing and time.monotonic() < deadline:
             time.sleep(0.02)
-    return board.wait(shard_id, since_s, timeout_s)
+    return board.wait(shard_id, since_s, timeout_s, gone)
 
 
 def _send(payloads: list[str]) -> None:

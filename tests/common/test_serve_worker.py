@@ -107,3 +107,36 @@ def test_serve_refuses_more_waits_than_the_open_files_limit_allows(tmp_path: Pat
     )
     assert proc.returncode != 0
     assert "--waits 1000 need more open files than this process may have (256, ulimit -n)" in proc.stderr
+
+
+def test_waits_whose_shard_hung_up_free_their_places_for_its_next_ones(small_master):
+    """A shard restarting leaves waits behind: the master notices they are gone instead of holding them
+    to their timeout, counted against the shard's few places."""
+    from master.notifier import GONE_CHECK_S, MAX_WAITS_PER_SHARD
+
+    token = small_master.shell(
+        "import uuid\nfrom master import services\n"
+        "shard, result = services.create_shard('gone-%s.lab' % uuid.uuid4().hex[:6], [], acting_user=None)"
+    )
+    time.sleep(1.0)  # the shard's creation is news; let it age
+    request = (
+        f"GET /api/v1/heartbeat/wait?timeout=50 HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\r\n"
+    ).encode()
+    left_behind = [_connect(small_master) for _ in range(MAX_WAITS_PER_SHARD)]
+    for sock in left_behind:
+        sock.sendall(request)
+    time.sleep(1.0)
+    for sock in left_behind:
+        sock.settimeout(0.1)
+        with pytest.raises(TimeoutError):
+            sock.recv(1)  # held
+    for sock in left_behind:
+        sock.close()
+    time.sleep(GONE_CHECK_S + 1.0)
+    resp = requests.get(
+        small_master.url + "/api/v1/heartbeat/wait",
+        params={"timeout": "1"},
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=20,
+    )
+    assert resp.status_code == 200 and resp.json() == {"news": False}, resp.text

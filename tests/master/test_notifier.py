@@ -85,6 +85,21 @@ def test_a_closing_board_ends_its_waits_without_news_and_holds_no_more():
     assert board.wait(1, None, 10.0) is False and board.held == 0
 
 
+def test_a_wait_whose_client_left_ends_and_gives_its_place_back():
+    from master.notifier import GONE_CHECK_S
+
+    board = listening_board()
+    left = threading.Event()
+    thread, got = wait_in_thread(board.wait, 1, None, 30.0, left.is_set)
+    time.sleep(0.1)
+    assert board.held == 1
+    began = time.monotonic()
+    left.set()
+    thread.join(GONE_CHECK_S + 5)
+    assert got == [False] and time.monotonic() - began < GONE_CHECK_S + 1
+    assert board.held == 0
+
+
 def test_a_board_holds_at_most_its_waits():
     board = listening_board(max_waits=2)
     threads = [wait_in_thread(board.wait, 1, None, 10.0) for _ in range(2)]
