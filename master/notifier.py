@@ -180,6 +180,13 @@ class Listener:
         self.board = board
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="news-listener", daemon=True)
+        self._failing = False
+
+    def _heard(self) -> None:
+        self.board.listening(time.monotonic())
+        if self._failing:
+            log.warning("change notifications heard again")
+            self._failing = False
 
     def _run(self) -> None:
         listen = self._listen_postgres if _is_postgres() else self._listen_socket
@@ -187,7 +194,13 @@ class Listener:
             try:
                 listen()
             except Exception as exc:
-                log.warning("change notifications lost (%s); reconnecting in %g s", exc, RECONNECT_S)
+                # Said once per outage (a database down for hours, a data directory too long for a
+                # socket), not every RECONNECT_S.
+                if self.board.listening_since is not None or not self._failing:
+                    log.warning("change notifications lost (%s); trying again every %g s", exc, RECONNECT_S)
+                else:
+                    log.debug("change notifications still lost: %s", exc)
+                self._failing = True
             if self.stop.is_set():
                 self.board.close()
             self.board.listening(None)
@@ -200,7 +213,7 @@ class Listener:
             conn.autocommit = True
             with conn.cursor() as cur:
                 cur.execute(f"LISTEN {CHANNEL}")
-            self.board.listening(time.monotonic())
+            self._heard()
             while not self.stop.is_set():
                 readable, _, _ = select.select([conn], [], [], LISTEN_POLL_S)
                 if not readable:
@@ -225,7 +238,7 @@ class Listener:
         try:
             sock.bind(str(path))
             sock.settimeout(LISTEN_POLL_S)
-            self.board.listening(time.monotonic())
+            self._heard()
             while not self.stop.is_set():
                 try:
                     data = sock.recv(MAX_PAYLOAD * 2)

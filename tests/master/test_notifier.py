@@ -254,3 +254,31 @@ def test_a_listener_whose_connection_the_database_drops_ends_the_waits_says_so_a
     fleet_committed.job()
     thread.join(5)
     assert got == [True] and time.monotonic() - began < 1
+
+
+def test_a_listener_that_cannot_listen_says_so_once_per_outage_not_every_retry(tmp_path, settings, monkeypatch, caplog):
+    """A data directory too long for a Unix socket: one warning naming it, not one every RECONNECT_S;
+    once the directory is fixed, one line saying notifications are heard again."""
+    from master import notifier
+
+    monkeypatch.setattr(notifier, "RECONNECT_S", 0.05)
+    monkeypatch.setattr(notifier, "_is_postgres", lambda: False)  # the socket listener, on either database
+    settings.DATA_DIR = str(tmp_path / ("d" * 120))
+    board = NewsBoard(10)
+    listener = notifier.Listener(board)
+    with caplog.at_level("DEBUG", logger="master.notifier"):
+        listener.thread.start()
+        try:
+            time.sleep(0.5)
+            settings.DATA_DIR = str(tmp_path / "short")
+            deadline = time.monotonic() + 5
+            while board.listening_since is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert board.listening_since is not None
+        finally:
+            listener.stop.set()
+            listener.thread.join(5)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 2, warnings
+    assert "too long for a Unix socket" in warnings[0] and warnings[1] == "change notifications heard again"
+    assert sum("still lost" in r.getMessage() for r in caplog.records) >= 3
