@@ -282,3 +282,14 @@ def test_a_listener_that_cannot_listen_says_so_once_per_outage_not_every_retry(t
     assert len(warnings) == 2, warnings
     assert "too long for a Unix socket" in warnings[0] and warnings[1] == "change notifications heard again"
     assert sum("still lost" in r.getMessage() for r in caplog.records) >= 3
+
+
+def test_revoking_a_shards_token_ends_the_waits_held_with_it(fleet_committed, listening):
+    token, _ = services.create_shard_token("lab1", acting_user=None)
+    time.sleep(0.3)
+    thread, got = wait_for(fleet_committed.lab1.id)
+    time.sleep(0.1)
+    began = time.monotonic()
+    services.revoke_token(token.id, acting_user=None)
+    thread.join(5)
+    assert got == [True] and time.monotonic() - began < 1
