@@ -17,7 +17,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,8 @@ LISTEN_POLL_S = 1.0
 # (a hostile or broken shard) would take other shards' places.
 MAX_WAITS_PER_SHARD = 4
 RECONNECT_S = 2.0
+# How often a held wait looks whether its client is still there (one that left frees its thread).
+GONE_CHECK_S = 2.0
 MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the final NUL
 
 
@@ -79,6 +81,8 @@ class NewsBoard:
         self._held = 0
         # Since when this process hears every notification (monotonic); None while it hears none.
         self.listening_since: float | None = None
+        # The process is stopping: waits end without news, and the shard asks again (another process).
+        self.closing = False
 
     @property
     def held(self) -> int:
@@ -101,11 +105,25 @@ class NewsBoard:
                 for event in events:
                     event.set()
 
-    def wait(self, shard_id: int, since_s: float | None, timeout_s: float) -> bool:
-        """Whether `shard_id` had news in the last `since_s` seconds or gets some within `timeout_s`."""
+    def close(self) -> None:
+        """The process is stopping: every wait ends now, without news, so its shard asks again at once
+        (of the process that replaces this one) rather than fall back to its interval."""
+        with self._lock:
+            self.closing = True
+            for events in self._waiters.values():
+                for event in events:
+                    event.set()
+
+    def wait(
+        self, shard_id: int, since_s: float | None, timeout_s: float, gone: Callable[[], bool] | None = None
+    ) -> bool:
+        """Whether `shard_id` had news in the last `since_s` seconds or gets some within `timeout_s`;
+        False as soon as `gone` says the client left."""
         event = threading.Event()
         now = time.monotonic()
         with self._lock:
+            if self.closing:
+                return False
             if self.listening_since is None:
                 raise NewsUnavailable("this master process hears no change notifications")
             if since_s is not None:
@@ -120,7 +138,7 @@ class NewsBoard:
             self._held += 1
             self._waiters.setdefault(shard_id, set()).add(event)
         try:
-            news = event.wait(timeout_s)
+            news = self._await(event, now + timeout_s, gone)
         finally:
             with self._lock:
                 self._held -= 1
@@ -129,9 +147,22 @@ class NewsBoard:
                     waiters.discard(event)
                     if not waiters:
                         del self._waiters[shard_id]
+        if self.closing:
+            return False
         if news and self.listening_since is None:
             raise NewsUnavailable("this master process lost its change notifications")
         return news
+
+    @staticmethod
+    def _await(event: threading.Event, deadline: float, gone: Callable[[], bool] | None) -> bool:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return event.is_set()
+            if event.wait(left if gone is None else min(left, GONE_CHECK_S)):
+                return True
+            if gone is not None and gone():
+                return False
 
 
 def _is_postgres() -> bool:
@@ -149,6 +180,13 @@ class Listener:
         self.board = board
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="news-listener", daemon=True)
+        self._failing = False
+
+    def _heard(self) -> None:
+        self.board.listening(time.monotonic())
+        if self._failing:
+            log.warning("change notifications heard again")
+            self._failing = False
 
     def _run(self) -> None:
         listen = self._listen_postgres if _is_postgres() else self._listen_socket
@@ -156,7 +194,15 @@ class Listener:
             try:
                 listen()
             except Exception as exc:
-                log.warning("change notifications lost (%s); reconnecting in %g s", exc, RECONNECT_S)
+                # Said once per outage (a database down for hours, a data directory too long for a
+                # socket), not every RECONNECT_S.
+                if self.board.listening_since is not None or not self._failing:
+                    log.warning("change notifications lost (%s); trying again every %g s", exc, RECONNECT_S)
+                else:
+                    log.debug("change notifications still lost: %s", exc)
+                self._failing = True
+            if self.stop.is_set():
+                self.board.close()
             self.board.listening(None)
             self.stop.wait(RECONNECT_S)
 
@@ -167,7 +213,7 @@ class Listener:
             conn.autocommit = True
             with conn.cursor() as cur:
                 cur.execute(f"LISTEN {CHANNEL}")
-            self.board.listening(time.monotonic())
+            self._heard()
             while not self.stop.is_set():
                 readable, _, _ = select.select([conn], [], [], LISTEN_POLL_S)
                 if not readable:
@@ -192,7 +238,7 @@ class Listener:
         try:
             sock.bind(str(path))
             sock.settimeout(LISTEN_POLL_S)
-            self.board.listening(time.monotonic())
+            self._heard()
             while not self.stop.is_set():
                 try:
                     data = sock.recv(MAX_PAYLOAD * 2)
@@ -241,14 +287,16 @@ def stop_listener() -> None:
         _board = _listener = None
 
 
-def wait_for_news(shard_id: int, since_s: float | None, timeout_s: float) -> bool:
+def wait_for_news(
+    shard_id: int, since_s: float | None, timeout_s: float, gone: Callable[[], bool] | None = None
+) -> bool:
     board = news_board()
     if board.listening_since is None:
         # Just started: give the listener a moment to connect before calling it unavailable.
         deadline = time.monotonic() + 2.0
-        while board.listening_since is None and time.monotonic() < deadline:
+        while board.listening_since is None and not board.closing and time.monotonic() < deadline:
             time.sleep(0.02)
-    return board.wait(shard_id, since_s, timeout_s)
+    return board.wait(shard_id, since_s, timeout_s, gone)
 
 
 def _send(payloads: list[str]) -> None:

@@ -3,6 +3,8 @@ master.notifier, render. Errors change nothing."""
 
 import logging
 import math
+import socket
+from collections.abc import Callable
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
@@ -108,6 +110,24 @@ def _shard_token(request: HttpRequest) -> Token | JsonResponse:
     return token
 
 
+def _client_gone(request: HttpRequest) -> Callable[[], bool] | None:
+    """Whether the client of a held wait hung up (a shard restarting, a hostile one): under gunicorn,
+    which gives the view its socket, the wait then frees its thread instead of holding it to the end."""
+    sock = request.META.get("gunicorn.socket")
+    if not isinstance(sock, socket.socket):
+        return None
+
+    def gone() -> bool:
+        try:
+            return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except (BlockingIOError, ValueError):  # nothing to read; a TLS socket cannot peek
+            return False
+        except OSError:
+            return True
+
+    return gone
+
+
 @require_GET
 def heartbeat_wait(request: HttpRequest) -> JsonResponse:
     """Held until the token's shard has news or `timeout` seconds pass (docs/protocol.md, "Waiting for
@@ -124,7 +144,7 @@ def heartbeat_wait(request: HttpRequest) -> JsonResponse:
         return token
     assert token.shard is not None and timeout_s is not None
     try:
-        news = wait_for_news(token.shard.id, since_s, timeout_s)
+        news = wait_for_news(token.shard.id, since_s, timeout_s, _client_gone(request))
     except (NewsUnavailable, TooManyWaits) as exc:
         return _error(503, f"{exc}; heartbeat at the interval", None)
     return JsonResponse({"news": news})

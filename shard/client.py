@@ -100,6 +100,8 @@ class HeartbeatClient:
         self._last_sent: float | None = None
         self._beats = 0
         self._watcher: threading.Thread | None = None
+        # Why the last long-poll found no master to hold it (logged once per fallback, not per try).
+        self.wait_refused = ""
 
     def build_request(self) -> dict[str, Any]:
         if self.instance is None:
@@ -176,7 +178,8 @@ class HeartbeatClient:
 
     def wait_for_news(self, session: requests.Session) -> bool | None:
         """One long-poll: True on news, False when the master's wait ended without; None when the master
-        cannot hold waits (an older master, a 503): then the interval alone paces the heartbeats."""
+        cannot hold waits (an older master, a 503): then the interval alone paces the heartbeats, and
+        `wait_refused` says why."""
         with self._beat:
             since = None if self._last_sent is None else max(0.0, time.monotonic() - self._last_sent)
         params = {"timeout": f"{WAIT_S:g}"}
@@ -184,15 +187,26 @@ class HeartbeatClient:
             params["since"] = f"{since:.3f}"
         try:
             resp = session.get(self.wait_url, params=params, timeout=(5.0, WAIT_S + 15.0))
-            news = resp.json().get("news") if resp.status_code == 200 else None
-        except (requests.RequestException, ValueError, AttributeError):
+        except requests.RequestException as exc:
+            self.wait_refused = f"cannot reach {self.wait_url}: {exc}"
             return None
-        return news if isinstance(news, bool) else None
+        if resp.status_code != 200:
+            self.wait_refused = f"the master answered {resp.status_code}: {error_of(resp)}"
+            return None
+        try:
+            news = resp.json().get("news")
+        except (ValueError, AttributeError):
+            news = None
+        if not isinstance(news, bool):
+            self.wait_refused = "the master's answer to a wait has no news field"
+            return None
+        return news
 
     def watch(self, stop: threading.Event) -> None:
         """Long-polls until `stop`; nudges the heartbeat on news. A master that cannot hold waits is
         asked again only after an interval, so a shard never hammers it."""
         session = master_session(self.token)
+        falling_back = False
         try:
             while not stop.is_set():
                 with self._beat:
@@ -201,11 +215,21 @@ class HeartbeatClient:
                 news = self.wait_for_news(session)
                 if stop.is_set():
                     return
+                if falling_back and news is not None:
+                    log.info("the master holds long-polls again: news reaches this shard at once")
+                    falling_back = False
                 if news is False:
                     # A master that answers at once without news must not spin this loop.
                     stop.wait(MIN_WAIT_CYCLE_S - (time.monotonic() - asked))
                     continue
                 if news is None:
+                    if not falling_back:
+                        log.warning(
+                            "no long-poll (%s); heartbeating every %g s until the master holds waits again",
+                            self.wait_refused,
+                            self.interval,
+                        )
+                        falling_back = True
                     stop.wait(jittered(self.interval))
                     continue
                 if news:

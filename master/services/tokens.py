@@ -6,6 +6,7 @@ from django.db import transaction
 from common.errors import FleetshardError, NotFound
 from master.audit import ActingUser, record
 from master.models import Token
+from master.notifier import shards_changed
 from master.services.shared import get_shard
 from master.tokens import issue_token
 
@@ -52,4 +53,6 @@ def revoke_token(token_id: int, *, acting_user: ActingUser) -> None:
         targets=[token, *(o for o in (token.user, token.shard) if o is not None)],
         details={"description": token.description},
     )
+    # A wait held with this token ends, so its holder learns of the revocation by its next heartbeat.
+    shards_changed([token.shard_id])
     token.delete()

@@ -72,6 +72,34 @@ def _raises(fn, *args):
         return type(exc)
 
 
+def test_a_closing_board_ends_its_waits_without_news_and_holds_no_more():
+    """A stopping process: its shards ask again at once (of its successor), not after their interval."""
+    board = listening_board()
+    thread, got = wait_in_thread(board.wait, 1, None, 10.0)
+    time.sleep(0.1)
+    began = time.monotonic()
+    board.close()
+    board.listening(None)
+    thread.join(5)
+    assert got == [False] and time.monotonic() - began < 1
+    assert board.wait(1, None, 10.0) is False and board.held == 0
+
+
+def test_a_wait_whose_client_left_ends_and_gives_its_place_back():
+    from master.notifier import GONE_CHECK_S
+
+    board = listening_board()
+    left = threading.Event()
+    thread, got = wait_in_thread(board.wait, 1, None, 30.0, left.is_set)
+    time.sleep(0.1)
+    assert board.held == 1
+    began = time.monotonic()
+    left.set()
+    thread.join(GONE_CHECK_S + 5)
+    assert got == [False] and time.monotonic() - began < GONE_CHECK_S + 1
+    assert board.held == 0
+
+
 def test_a_board_holds_at_most_its_waits():
     board = listening_board(max_waits=2)
     threads = [wait_in_thread(board.wait, 1, None, 10.0) for _ in range(2)]
@@ -174,3 +202,94 @@ def test_a_refused_change_wakes_nobody(fleet_committed, listening):
         )
     thread.join(5)
     assert got == [False]
+
+
+def test_a_change_rolled_back_by_an_outer_transaction_wakes_nobody(fleet_committed, listening):
+    from django.db import transaction
+
+    time.sleep(0.3)
+    thread, got = wait_for(fleet_committed.lab1.id, timeout_s=1.0)
+    time.sleep(0.1)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        fleet_committed.job()
+        raise RuntimeError("the caller gives up")
+    thread.join(5)
+    assert got == [False]
+
+
+@pytest.mark.postgres_only(reason="terminates the listener's PostgreSQL connection, as a database restart does")
+def test_a_listener_whose_connection_the_database_drops_ends_the_waits_says_so_and_hears_again(
+    fleet_committed, listening, caplog
+):
+    from django.db import connection
+
+    from master.notifier import RECONNECT_S
+
+    time.sleep(0.3)
+
+    def wait_or_fail() -> object:
+        try:
+            return wait_for_news(fleet_committed.lab1.id, None, 3.0)
+        except NewsUnavailable as exc:
+            return exc
+
+    thread, got = wait_in_thread(wait_or_fail)
+    time.sleep(0.1)
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = 'LISTEN fleetshard_shards'"
+            " AND pid <> pg_backend_pid() AND datname = current_database()"
+        )
+        assert cur.fetchone() is not None
+    thread.join(5)
+    assert got and isinstance(got[0], NewsUnavailable)
+    assert "change notifications lost" in caplog.text
+    deadline = time.monotonic() + RECONNECT_S + 5
+    while listening.listening_since is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert listening.listening_since is not None
+    thread, got = wait_for(fleet_committed.lab1.id, 0.0)
+    time.sleep(0.1)
+    began = time.monotonic()
+    fleet_committed.job()
+    thread.join(5)
+    assert got == [True] and time.monotonic() - began < 1
+
+
+def test_a_listener_that_cannot_listen_says_so_once_per_outage_not_every_retry(tmp_path, settings, monkeypatch, caplog):
+    """A data directory too long for a Unix socket: one warning naming it, not one every RECONNECT_S;
+    once the directory is fixed, one line saying notifications are heard again."""
+    from master import notifier
+
+    monkeypatch.setattr(notifier, "RECONNECT_S", 0.05)
+    monkeypatch.setattr(notifier, "_is_postgres", lambda: False)  # the socket listener, on either database
+    settings.DATA_DIR = str(tmp_path / ("d" * 120))
+    board = NewsBoard(10)
+    listener = notifier.Listener(board)
+    with caplog.at_level("DEBUG", logger="master.notifier"):
+        listener.thread.start()
+        try:
+            time.sleep(0.5)
+            settings.DATA_DIR = str(tmp_path / "short")
+            deadline = time.monotonic() + 5
+            while board.listening_since is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert board.listening_since is not None
+        finally:
+            listener.stop.set()
+            listener.thread.join(5)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 2, warnings
+    assert "too long for a Unix socket" in warnings[0] and warnings[1] == "change notifications heard again"
+    assert sum("still lost" in r.getMessage() for r in caplog.records) >= 3
+
+
+def test_revoking_a_shards_token_ends_the_waits_held_with_it(fleet_committed, listening):
+    token, _ = services.create_shard_token("lab1", acting_user=None)
+    time.sleep(0.3)
+    thread, got = wait_for(fleet_committed.lab1.id)
+    time.sleep(0.1)
+    began = time.monotonic()
+    services.revoke_token(token.id, acting_user=None)
+    thread.join(5)
+    assert got == [True] and time.monotonic() - began < 1

@@ -418,3 +418,41 @@ result = list(Interval.objects.filter(host_id={host_id}).order_by("start").value
 """
     )
     assert [k for k, _ in kinds] == ["run", "Cleaning"] and kinds[0][1] is not None
+
+
+def test_a_shard_falling_back_to_the_interval_says_so_once_and_says_when_long_polls_are_back(caplog):
+    """A master whose listener is down answers waits with 503: the shard says why, once, and keeps
+    heartbeating at the interval; once waits are held again it says that too."""
+    import http.server
+
+    asked: list[float] = []
+
+    class Refusing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(time.monotonic())
+            down = len(asked) <= 3
+            body = b'{"error": "this master process hears no change notifications"}' if down else b'{"news": false}'
+            self.send_response(503 if down else 200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    client = HeartbeatClient(f"http://127.0.0.1:{server.server_address[1]}", "lab", "fs_token")
+    client.interval = 0.2
+    stop = threading.Event()
+    watcher = threading.Thread(target=client.watch, args=(stop,))
+    with caplog.at_level("INFO", logger="shard.client"):
+        watcher.start()
+        wait_until(lambda: len(asked) >= 5, timeout=10, what="the watcher to ask again after the fallback")
+        stop.set()
+        watcher.join(5)
+    server.shutdown()
+    fallbacks = [r for r in caplog.records if "no long-poll" in r.getMessage()]
+    assert len(fallbacks) == 1 and fallbacks[0].levelname == "WARNING"
+    assert "503: this master process hears no change notifications" in fallbacks[0].getMessage()
+    assert sum("holds long-polls again" in r.getMessage() for r in caplog.records) == 1

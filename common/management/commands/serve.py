@@ -20,6 +20,7 @@ from gunicorn.app.base import BaseApplication
 
 from common.admission import limit_work
 from common.schema import check_migrated
+from common.serve_worker import OWN_FILES, connection_budget
 from common.wsgi import application
 
 log = logging.getLogger("common.serve")
@@ -128,17 +129,25 @@ class Command(BaseCommand):
                 log.warning(msg)
             else:
                 print(msg, file=sys.stderr, flush=True)
+        budget = connection_budget(threads + options["waits"])
+        if budget < threads + options["waits"]:
+            raise CommandError(
+                f"--threads {threads} and --waits {options['waits']} need more open files than this process "
+                f"may have ({budget + OWN_FILES}, ulimit -n); raise the limit or ask for fewer waits"
+            )
         gunicorn_options: dict[str, Any] = {
             "bind": options["bind"],
             "workers": workers,
-            "worker_class": "gthread",
+            "worker_class": "common.serve_worker.PollingThreadWorker",
             "threads": threads + options["waits"],
-            # Each held wait is a connection; keep-alive ones come on top.
-            "worker_connections": threads + options["waits"] + 100,
+            "worker_connections": budget,
             "timeout": options["timeout"],
             "accesslog": "-",
             "errorlog": "-",
             "loglevel": "info",
+            # gunicorn's control socket is one path per user ($HOME/.gunicorn/gunicorn.ctl): a second
+            # serve on the machine (a shard's admin, another master) would take it over. Nothing uses it.
+            "control_socket_disable": True,
             "post_worker_init": _start_background,
             "worker_exit": _stop_background,
         }
