@@ -21,7 +21,9 @@ def check_server(ctx: click.Context, param: click.Parameter, value: str | None) 
     try:
         parts = urlsplit(value)
         parts.port  # noqa: B018  # raises on a port that is not a number
-    except ValueError:
+        # An empty or over-long name part (`a..b`, 64+ characters) fails only when connecting, deep in urllib3.
+        (parts.hostname or "").encode("idna")
+    except ValueError:  # UnicodeError is one
         parts = None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
         example = f"http://{value}" if parts is not None and "://" not in value else "http://HOST:PORT"
@@ -47,14 +49,32 @@ class Run:
         self.done(rows, lambda: table(rows, columns) if rows else f"No {what}.")
 
 
+_JSON_BEFORE = "fleetshard.json"
+
+
+def _remember_json(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.meta[_JSON_BEFORE] = True
+
+
+def topic_json(group: click.Group) -> click.Group:
+    """Lets `fleetshard TOPIC --json ACTION` mean what --json before or after the action means."""
+    group.params.append(
+        click.Option(["--json"], is_flag=True, expose_value=False, callback=_remember_json, help=JSON_HELP)
+    )
+    return group
+
+
 def action(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Adds --json, --server and --token to an action; the action's own --server/--token beat the global ones."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, as_json: bool, server: str | None, token: str | None, **kwargs: Any) -> Any:
-        root = click.get_current_context().find_root().params
+        ctx = click.get_current_context()
+        root = ctx.find_root().params
         api = Api(server or root.get("server") or DEFAULT_SERVER, token or root.get("token"))
-        return fn(Run(api, as_json or bool(root.get("as_json"))), *args, **kwargs)
+        json_before = bool(root.get("as_json")) or bool(ctx.meta.get(_JSON_BEFORE))
+        return fn(Run(api, as_json or json_before), *args, **kwargs)
 
     wrapper = click.option("--token", metavar="TOKEN", help="API token (overrides FLEETSHARD_TOKEN).")(wrapper)
     wrapper = click.option(

@@ -63,7 +63,8 @@ class Id(click.ParamType[int]):
         text = str(value).strip()
         if text.isascii() and text.isdigit() and 0 < len(text) < 19 and int(text) >= 1:
             return int(text)
-        self.fail(f"{value!r} is not a {self.kind} id: a {self.kind} id is a whole number from 1", param, ctx)
+        a = "an" if self.kind[:1] in "aeiou" else "a"
+        self.fail(f"{value!r} is not {a} {self.kind} id: {a} {self.kind} id is a whole number from 1", param, ctx)
 
 
 def checked(parse: Callable[[str], Any]) -> Callable[[click.Context, click.Parameter, Any], Any]:

@@ -16,6 +16,7 @@ import click
 
 from cli.action import Run, action
 from cli.client import CliError
+from cli.inputs import Id
 from cli.output import emit_json, printable
 
 FOLLOW_POLL_S = 0.5
@@ -24,10 +25,8 @@ FOLLOW_OUTAGE_S = 120.0
 
 
 @click.command("log")
-@click.argument("job_id", metavar="ID", type=click.IntRange(min=1))
-@click.option(
-    "--hqe", type=click.IntRange(min=1), metavar="N", help="The entry (HQE id); needed if the job has several."
-)
+@click.argument("job_id", metavar="ID", type=Id("job"))
+@click.option("--hqe", type=Id("entry"), metavar="N", help="The entry (HQE id); needed if the job has several.")
 @click.option("-f", "--follow", is_flag=True, help="Print the output as it comes, until the entry ends.")
 @action
 def job_log(run: Run, job_id: int, hqe: int | None, follow: bool) -> None:

@@ -4,13 +4,14 @@ Exit statuses and the one-line errors are cli/errors.py's. Each topic's actions 
 (cli/labels.py, cli/hosts.py, ...); this one joins them.
 """
 
+import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import click
 
 from cli import audit, errors, hosts, jobs, labels, results, shards, timeline, tokens
-from cli.action import JSON_HELP, check_server
+from cli.action import JSON_HELP, check_server, topic_json
 from cli.client import DEFAULT_SERVER
 from common.constants import CLIENT_VERSION
 
@@ -27,6 +28,9 @@ class FleetshardGroup(click.Group):
     def main(  # type: ignore[override]
         self, args: Sequence[str] | None = None, prog_name: str | None = None, **extra: Any
     ) -> NoReturn:
+        if sys.stdout is None:
+            # `>&-`: what the action prints (a token shown only once) would go nowhere, so it is not done.
+            errors.finish(click.UsageError("standard output is closed: nothing could be shown"))
         try:
             code = super().main(args, prog_name, standalone_mode=False, **extra)
         except (click.ClickException, click.Abort) as exc:
@@ -69,7 +73,7 @@ for topic in (
     results.results,
     timeline.timeline,
 ):
-    main.add_command(topic)
+    main.add_command(topic_json(topic))
 main.add_command(tokens.whoami)
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from common.constants import HQEStatus
 from common.models import HostQueueEntry
+from master.models import Token
 from tests.cli.conftest import fails, ok
 from tests.fleet_state import snapshot
 from tests.support import ROOT
@@ -47,6 +48,10 @@ def usage(result, message):
         (["host", "list", "--colour"], "No such option"),
         (["host", "mod", "a1"], "give exactly one of --lock and --unlock (see fleetshard host mod --help)"),
         (["job", "create", "j"], "Missing option '-c'"),
+        (["job", "log", "abc"], "'abc' is not a job id"),
+        (["job", "log", "1", "--hqe", "0"], "'0' is not an entry id"),
+        (["--server", "http://" + "a" * 300, "label", "list"], "is not a master URL"),
+        (["--server", "http://a..b:8000", "label", "list"], "is not a master URL"),
     ],
 )
 def test_bad_usage_is_one_line_and_exit_2_and_sends_nothing(cli, fleet, args, message):
@@ -68,6 +73,14 @@ def test_json_goes_before_or_after_the_action(cli, fleet):
     before = json.loads(ok(cli("--json", "host", "list")).stdout)
     after = json.loads(ok(cli("host", "list", "--json")).stdout)
     assert before == after and {h["hostname"] for h in before} == {"a1", "a2", "a3", "b1", "c1"}
+
+
+def test_json_right_after_the_topic_counts_too(cli, fleet):
+    as_table = ok(cli("label", "list")).stdout
+    assert json.loads(ok(cli("label", "--json", "list")).stdout) == json.loads(
+        ok(cli("label", "list", "--json")).stdout
+    )
+    assert not as_table.startswith("[")
 
 
 def test_an_empty_list_says_so(cli, fleet):
@@ -176,3 +189,21 @@ def test_shell_completion_as_the_readme_documents_it():
     done = subprocess.run([script], env=env, capture_output=True, text=True, timeout=60)
     assert done.stdout.split() == ["plain,token"]
     assert "_FLEETSHARD_COMPLETE=bash_source fleetshard" in (ROOT / "README.md").read_text()
+
+
+def test_a_closed_stdout_is_refused_before_anything_is_done(server, fleet):
+    """`fleetshard token create >&-` must not create a token whose only showing goes nowhere."""
+    env = {**os.environ, "FLEETSHARD_SERVER": server.url, "FLEETSHARD_TOKEN": server.token}
+    before = snapshot()
+    tokens = Token.objects.count()
+    proc = subprocess.run(
+        ["sh", "-c", 'exec "$0" -m cli.main token create >&-', sys.executable],
+        cwd=ROOT,
+        env=env,
+        capture_output=False,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=60,
+    )
+    assert (proc.returncode, proc.stderr) == (2, "Error: standard output is closed: nothing could be shown\n")
+    assert (snapshot(), Token.objects.count()) == (before, tokens)
