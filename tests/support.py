@@ -79,7 +79,10 @@ class Role:
     extra_env: dict[str, str] = field(default_factory=dict)
 
     def env(self, **more: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETSHARD_")}
+        # Nor the browser tests' DJANGO_ALLOW_ASYNC_UNSAFE, which `check --deploy` rightly refuses.
+        env = {
+            k: v for k, v in os.environ.items() if not k.startswith("FLEETSHARD_") and k != "DJANGO_ALLOW_ASYNC_UNSAFE"
+        }
         env.update(
             # The role's own settings, never the suite's (common.settings.test installs both roles).
             DJANGO_SETTINGS_MODULE="common.settings",

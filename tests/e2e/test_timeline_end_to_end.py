@@ -59,14 +59,24 @@ def test_a_shards_day_exported_as_a_trace_with_totals_that_add_up(master_server,
             f"from master import services\nservices.abort_jobs([{jobs['aborted']}], acting_user=None)\nresult = 1"
         )
 
+        # The master is the session's: count only this shard's hosts and this test's jobs.
+        mine = f"host_id IN ({', '.join(str(i) for i in shard.hosts.values())})"
+        job_ids = ", ".join(str(j) for j in jobs.values())
+
         def settled() -> bool:
             ended = all(r[1] not in ACTIVE for r in master_hqes(master_server, list(jobs.values())))
-            traced = sql(master_server.role.database_url, "SELECT count(*) FROM master_runtrace") == [(1,)]
+            traced = sql(
+                master_server.role.database_url,
+                "SELECT count(*) FROM master_runtrace WHERE hqe_id IN "
+                f"(SELECT id FROM common_hostqueueentry WHERE job_id IN ({job_ids}))",
+            ) == [(1,)]
             open_states = sql(
                 master_server.role.database_url,
-                "SELECT count(*) FROM master_interval WHERE kind != 'run' AND \"end\" IS NULL",
+                f"SELECT count(*) FROM master_interval WHERE kind != 'run' AND \"end\" IS NULL AND {mine}",
             )
-            states = sql(master_server.role.database_url, "SELECT count(*) FROM master_interval WHERE kind != 'run'")
+            states = sql(
+                master_server.role.database_url, f"SELECT count(*) FROM master_interval WHERE kind != 'run' AND {mine}"
+            )
             return ended and traced and open_states == [(0,)] and states[0][0] >= 4
 
         wait_until(settled, timeout=90, interval=0.5, what="runs ended, hosts Ready again and the trace uploaded")
