@@ -45,10 +45,17 @@
       this.box.appendChild(pre);
       this.shown = true;
     }
-    if (slice.text) {
+    var text = slice.text || "";
+    if (this.midLine && text) {
+      // A read from the middle of the log starts inside a line: that partial line is not shown.
+      var nl = text.indexOf("\n");
+      text = nl >= 0 ? text.slice(nl + 1) : "";
+      if (nl >= 0) this.midLine = false;
+    }
+    if (text) {
       var atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
-      pre.appendChild(document.createTextNode(slice.text));
-      this.chars += slice.text.length;
+      pre.appendChild(document.createTextNode(text));
+      this.chars += text.length;
       this.trim();
       if (atBottom) pre.scrollTop = pre.scrollHeight;
     }
@@ -87,6 +94,7 @@
       return get(url, { hqe: hqe, limit: 0 }).then(function (first) {
         self.offset = Math.max(0, first.size - FIRST_BYTES);
         self.skipped = self.offset;
+        self.midLine = self.offset > 0;
         return self.step();
       });
     }
