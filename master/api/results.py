@@ -294,6 +294,9 @@ class ResultUploadView(APIView):
             401: OpenApiResponse(ERROR, description="Missing or unknown token."),
             403: OpenApiResponse(ERROR, description="Not allowed: a person without permission, another shard's HQE."),
             404: OpenApiResponse(ERROR, description="Unknown HQE."),
+            409: OpenApiResponse(
+                ERROR, description="The master has not heard which host ran the HQE yet: send it again later."
+            ),
             413: OpenApiResponse(ERROR, description="The file is larger than 16 MiB."),
         },
     )
@@ -306,6 +309,12 @@ class ResultUploadView(APIView):
             hqe = _shard_hqe(request.query_params.get("hqe"), shard)
         except _Refused as refused:
             return refused.response
+        if hqe is not None and hqe.host_id is None:
+            # The shard's heartbeat naming the run's host has not arrived yet: the shard keeps the file
+            # and sends it again on its next pass, so the run is filed under its host.
+            return _error(
+                409, f"hqe: HQE {hqe.id} has no host on the master yet: send it after the next heartbeat", None
+            )
         data = _read_body(request._request)
         if data is None:
             return _error(413, f"{name}: larger than {MAX_RESULT_FILE_BYTES} bytes", "body")

@@ -420,7 +420,14 @@ def lab(master_server, tmp_path):
     """A shard on the master with one queued job, and the shard's token: the job's HQE is this shard's."""
     shard = new_shard(master_server, tmp_path, hosts=1)
     (job,) = submit(master_server, [{"name": "measured", "command": "true", "meta_hosts": [[shard.label, 1]]}])
-    return shard, hqe_of(master_server, job)
+    hqe_id = hqe_of(master_server, job)
+    # As the heartbeat that started it would have: the master knows which host ran it.
+    (host_id,) = shard.hosts.values()
+    master_server.shell(
+        "from common.models import HostQueueEntry\n"
+        f"result = HostQueueEntry.objects.filter(id={hqe_id}).update(host_id={host_id})"
+    )
+    return shard, hqe_id
 
 
 def sender_of(master: Master, shard) -> Sender:

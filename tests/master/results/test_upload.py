@@ -57,6 +57,20 @@ def test_the_same_file_twice_is_stored_once(fleet, staff):
     assert AuditRecord.objects.filter(action="result.upload").count() == 1
 
 
+def test_results_of_an_hqe_whose_host_the_master_has_not_heard_wait_for_the_heartbeat(fleet, shard_hqe):
+    """An upload that overtook the heartbeat naming the run's host is refused for now (the shard retries),
+    so no run is ever filed under no host."""
+    shard_hqe.host = None
+    shard_hqe.save(update_fields=["host"])
+    resp = upload(client_for(fleet.token1), TF_SAMPLE, hqe=shard_hqe.id)
+    assert resp.status_code == 409 and "has no host on the master yet" in resp.json()["error"]
+    assert not TestRun.objects.exists() and not RejectedResult.objects.exists()
+    shard_hqe.host = services.get_hosts(["a1"])[0]
+    shard_hqe.save(update_fields=["host"])
+    resp = upload(client_for(fleet.token1), TF_SAMPLE, hqe=shard_hqe.id)
+    assert resp.status_code == 201 and resp.json()["run"]["host"] == "a1"
+
+
 def test_a_shard_attaches_results_to_its_own_hqe(fleet, shard_hqe):
     resp = upload(client_for(fleet.token1), TF_SAMPLE, hqe=shard_hqe.id)
     assert resp.status_code == 201, resp.content
