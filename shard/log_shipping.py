@@ -29,6 +29,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from common.constants import LOG_SHIP_INTERVAL_S, MAX_LOG_CHUNK_BYTES, MAX_LOG_PASS_BYTES, HQEStatus
+from common.network import request_failure
 from shard.client import HeartbeatClient, backoff, error_of, field_of, master_session
 from shard.executor import UnsafeFile, open_regular
 from shard.models import Run
@@ -85,7 +86,7 @@ class LogSender:
                 timeout=self.timeout,
             )
         except requests.RequestException as exc:
-            raise MasterUnavailable(f"cannot reach the master at {self.url}: {type(exc).__name__}") from exc
+            raise MasterUnavailable(f"cannot reach the master: {request_failure(exc)}") from exc
         code = resp.status_code
         try:
             body = resp.json()

@@ -113,7 +113,7 @@ class Sender:
                 timeout=self.timeout,
             )
         except requests.RequestException as exc:
-            raise MasterUnavailable(f"cannot reach the master at {self.trace_url}: {exc}") from exc
+            raise MasterUnavailable(f"cannot reach the master: {request_failure(exc)}") from exc
         code = resp.status_code
         if code in (200, 201):
             return ARCHIVED
