@@ -153,6 +153,9 @@ class SimShard:
         return bool(answer["more"])
 
 
+RECONNECT_EVERY = 20
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
@@ -232,16 +235,24 @@ class Fleet:
 
 
 async def closed_loop(host: str, port: int, clients: int, seconds: float, request: Any) -> float:
+    """Requests per second from `clients` sending back to back. Each reconnects every RECONNECT_EVERY
+    requests: the master's workers share one listening socket, so which worker serves a kept-alive
+    connection is settled when it is accepted, and a few long-lived connections could all land on one
+    worker and measure half the server."""
     done = 0
     deadline = time.monotonic() + seconds
 
     async def one(n: int) -> None:
         nonlocal done
         conn = Connection(host, port)
+        sent = 0
         while time.monotonic() < deadline:
             status = await request(conn, n)
             if status == 200:
                 done += 1
+            sent += 1
+            if sent % RECONNECT_EVERY == 0:
+                await conn.close()
         await conn.close()
 
     began = time.monotonic()

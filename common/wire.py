@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from django.utils.dateparse import parse_datetime
 
@@ -82,19 +82,20 @@ def _refuse_constant(name: str) -> None:
 
 
 def depth_exceeds(value: Any, limit: int) -> bool:
-    """Whether containers nest more than `limit` deep; iterative, so any depth is safe to check."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
+    """Whether the containers of a value `json.loads` made nest more than `limit` deep; level by level,
+    so any depth is safe to check."""
+    level = [value] if type(value) is dict or type(value) is list else []
+    depth = 0
+    while level:
+        depth += 1
         if depth > limit:
             return True
-        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+        inner: list[Any] = []
+        for item in level:
+            for child in item.values() if type(item) is dict else item:
+                if type(child) is dict or type(child) is list:
+                    inner.append(child)
+        level = inner
     return False
 
 
@@ -240,8 +241,7 @@ def _body(obj: object) -> _Fields:
 # The request.
 
 
-@dataclass(frozen=True)
-class KnownHost:
+class KnownHost(NamedTuple):
     id: int
     version: int
     status: str
@@ -250,12 +250,16 @@ class KnownHost:
     def parse(cls, f: _Fields) -> "KnownHost":
         return cls(f.id("id"), f.id("version"), f.choice("status", HostStatus.ALL))
 
+    @staticmethod
+    def plain(ids: list[Any], versions: list[Any], statuses: list[Any]) -> bool:
+        """Whether these columns of a known list hold only what `parse` takes."""
+        return _ids(ids) and _ids(versions) and set(map(type, statuses)) <= {str} and set(statuses) <= _HOST_STATUSES
+
     def to_wire(self) -> dict[str, Any]:
         return {"id": self.id, "version": self.version, "status": self.status}
 
 
-@dataclass(frozen=True)
-class KnownJob:
+class KnownJob(NamedTuple):
     id: int
     version: int
 
@@ -263,8 +267,19 @@ class KnownJob:
     def parse(cls, f: _Fields) -> "KnownJob":
         return cls(f.id("id"), f.id("version"))
 
+    @staticmethod
+    def plain(ids: list[Any], versions: list[Any]) -> bool:
+        return _ids(ids) and _ids(versions)
+
     def to_wire(self) -> dict[str, Any]:
         return {"id": self.id, "version": self.version}
+
+
+def _ids(values: list[Any]) -> bool:
+    return not values or (set(map(type, values)) == {int} and min(values) >= ID_MIN and max(values) <= ID_MAX)
+
+
+_HOST_STATUSES = frozenset(HostStatus.ALL)
 
 
 @dataclass(frozen=True)
@@ -385,8 +400,8 @@ class HeartbeatRequest:
         updates = f.items("updates", max_items=MAX_UPDATES_PER_HEARTBEAT)
         shard = f.text("shard", MAX_NAME_CHARS, default=None, empty=False)
         client_version = f.text("client_version", MAX_VERSION_CHARS, default="")
-        known_hosts = _listed_once("known_hosts", "host", f.each("known_hosts", KnownHost.parse))
-        known_jobs = _listed_once("known_jobs", "job", f.each("known_jobs", KnownJob.parse))
+        known_hosts = _known(f, "known_hosts", "host", KnownHost)
+        known_jobs = _known(f, "known_jobs", "job", KnownJob)
         parsed = _parse_updates(updates)
         events = _parse_host_events(f.items("host_events", max_items=MAX_UPDATES_PER_HEARTBEAT))
         shared = {u.seq for u in parsed} & {e.seq for e in events}
@@ -421,14 +436,27 @@ class HeartbeatRequest:
 K = TypeVar("K", KnownHost, KnownJob)
 
 
-def _listed_once(key: str, kind: str, records: list[K]) -> list[K]:
-    """A shard holds each host and job once: an id listed twice (two statuses for one host, applied in no
-    defined order) is the body's fault, a 400 naming the second one."""
-    seen: set[int] = set()
-    for i, record in enumerate(records):
-        if record.id in seen:
-            raise WireError(f"{key}[{i}].id", f"{kind} {record.id} is listed twice")
-        seen.add(record.id)
+def _known(f: _Fields, key: str, kind: str, record: type[K]) -> list[K]:
+    """A known list: most of every heartbeat (a record per host and job the shard holds), so it is
+    checked a column at a time, and record by record (for the error naming the first bad one) only
+    when a column holds something else. A shard holds each host and job once: an id listed twice (two
+    statuses for one host, applied in no defined order) is the body's fault, a 400 naming the second."""
+    items = f.items(key)
+    try:
+        columns: list[list[Any]] | None = [[item[name] for item in items] for name in record._fields]
+    except (KeyError, TypeError):  # a record that lacks a field, or is no object
+        columns = None
+    if columns is not None and record.plain(*columns):
+        records = list(map(record._make, zip(*columns, strict=True)))
+    else:
+        records = [record.parse(_Fields(item, f"{key}[{i}]")) for i, item in enumerate(items)]
+    ids = [r.id for r in records]
+    if len(set(ids)) < len(ids):
+        seen: set[int] = set()
+        for i, record_id in enumerate(ids):
+            if record_id in seen:
+                raise WireError(f"{key}[{i}].id", f"{kind} {record_id} is listed twice")
+            seen.add(record_id)
     return records
 
 

@@ -11,8 +11,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Exists, F, OuterRef, Prefetch, Q
+from django.db import connection, transaction
+from django.db.models import F, Prefetch, Q
 from django.utils import timezone
 
 from common.bulk import bulk_set
@@ -254,47 +254,107 @@ def job_record(job: Job) -> JobRecord:
     )
 
 
+def _note_heartbeat(shard_id: int, req: HeartbeatRequest, now: datetime, *, same_instance: bool) -> bool:
+    """Writes what the shard's list page shows of this heartbeat; False when `same_instance` and the
+    instance on record is another (or the shard is gone). One UPDATE, in SQL written once: it runs on
+    every heartbeat, and the ORM would build it anew each time (docs/protocol.md, "Cost").
+
+    A heartbeat that brings no updates and no host events writes only what its successor writes
+    again (host statuses included), so on PostgreSQL it does not wait for its commit to reach the
+    disk: a crash of the machine can lose the note, never an update."""
+    table, q = Shard._meta.db_table, connection.ops.quote_name
+    when = connection.ops.adapt_datetimefield_value(now)
+    columns = "last_heartbeat, client_version, outbox_depth, known_hosts_count, known_jobs_count, last_updates_count"
+    values = [when, req.client_version, req.outbox_depth, len(req.known_hosts), len(req.known_jobs), len(req.updates)]
+    sets = ", ".join(f"{q(c.strip())} = %s" for c in columns.split(","))
+    if same_instance:
+        where = f"{q('id')} = %s AND {q('instance')} = %s"
+        params = [*values, shard_id, req.instance]
+    else:
+        sets += f", {q('instance')} = %s, {q('instance_since')} = %s"
+        where = f"{q('id')} = %s"
+        params = [*values, req.instance, when, shard_id]
+    quiet = not req.updates and not req.host_events and connection.vendor == "postgresql"
+    lazy = "SET LOCAL synchronous_commit TO OFF; " if quiet else ""
+    with connection.cursor() as cursor:
+        cursor.execute(f"{lazy}UPDATE {q(table)} SET {sets} WHERE {where}", params)
+        return cursor.rowcount == 1
+
+
+def _holdings(shard_id: int) -> tuple[dict[int, tuple[int, str]], list[tuple[int, int, int]]]:
+    """The shard's hosts (id -> version, status) and its active jobs (id, version, priority), read in
+    one query, in SQL written once, as every heartbeat compares them with the shard's known lists."""
+    q = connection.ops.quote_name
+    host, job = q(Host._meta.db_table), q(Job._meta.db_table)
+    active = ", ".join(["%s"] * len(JobStatus.ACTIVE))
+    sql = (
+        f"SELECT 0, {q('id')}, {q('version')}, {q('status')}, 0 FROM {host} WHERE {q('shard_id')} = %s "
+        f"UNION ALL SELECT 1, {q('id')}, {q('version')}, '', {q('priority')} FROM {job} "
+        f"WHERE {q('shard_id')} = %s AND {q('status')} IN ({active})"
+    )
+    hosts: dict[int, tuple[int, str]] = {}
+    jobs: list[tuple[int, int, int]] = []
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [shard_id, shard_id, *JobStatus.ACTIVE])
+        for kind, row_id, version, status, priority in cursor.fetchall():
+            if kind == 0:
+                hosts[row_id] = (version, status)
+            else:
+                jobs.append((row_id, version, priority))
+    return hosts, jobs
+
+
+def _running_elsewhere(shard: Shard, host_ids: list[int]) -> set[int]:
+    """Of `host_ids`, those running a job of another shard: a host that came from there while it ran
+    waits until the job ends, since sent now it would be a Ready host here, and the device would run
+    two jobs at once."""
+    if not host_ids:
+        return set()
+    busy = HostQueueEntry.objects.filter(host_id__in=host_ids, status__in=(HQEStatus.STARTING, HQEStatus.RUNNING))
+    return set(busy.exclude(job__shard=shard).values_list("host_id", flat=True))
+
+
 @transaction.atomic
-def process_heartbeat(shard_id: int, req: HeartbeatRequest) -> HeartbeatResponse:
-    shard = Shard.objects.select_for_update().get(id=shard_id)
+def process_heartbeat(shard: Shard, req: HeartbeatRequest) -> HeartbeatResponse:
+    """A heartbeat from `shard` (its id and hostname are read; the rest is read under its row lock).
+
+    The instance on record heartbeating again, nearly every heartbeat, takes the shard's row lock with
+    the one UPDATE that notes it; another instance is checked under a plain row lock first."""
     now = timezone.now()
-    replaced = _check_instance(shard, req.instance, now)
-    if replaced:
-        _adopt(shard, req.instance, now)
+    replaced = False
+    if not _note_heartbeat(shard.id, req, now, same_instance=True):
+        locked = Shard.objects.select_for_update().get(id=shard.id)
+        replaced = _check_instance(locked, req.instance, now)
+        if replaced:
+            _adopt(locked, req.instance, now)
+        _note_heartbeat(shard.id, req, now, same_instance=False)
     known_hosts = {h.id: h.version for h in req.known_hosts}
     known_jobs = {j.id: j.version for j in req.known_jobs}
-    # A host that came from another shard while that shard ran a job on it waits until the job ends:
-    # sent now it would be a Ready host here, and the device would run two jobs at once.
-    running_elsewhere = Exists(
-        HostQueueEntry.objects.filter(
-            host_id=OuterRef("id"), status__in=(HQEStatus.STARTING, HQEStatus.RUNNING)
-        ).exclude(job__shard=shard)
-    )
-    hosts = {
-        row[0]: row
-        for row in Host.objects.filter(shard=shard)
-        .annotate(elsewhere=running_elsewhere)
-        .values_list("id", "version", "status", "elsewhere")
-    }
+    hosts, active_jobs = _holdings(shard.id)
 
-    acks, applied = _apply_updates(shard, req.updates, set(hosts))
-    acks += _record_host_events(shard, req.host_events, set(hosts))
+    acks: list[Ack] = []
+    if req.updates:
+        acks, applied = _apply_updates(shard, req.updates, set(hosts))
+        if applied:
+            Shard.objects.filter(id=shard.id).update(updates_applied=F("updates_applied") + applied)
+    if req.host_events:
+        acks += _record_host_events(shard, req.host_events, set(hosts))
 
     status_rows = [
-        {"id": h.id, "status": h.status} for h in req.known_hosts if h.id in hosts and hosts[h.id][2] != h.status
+        {"id": h.id, "status": h.status} for h in req.known_hosts if h.id in hosts and hosts[h.id][1] != h.status
     ]
-    bulk_set(Host, status_rows, ["status"])
+    if status_rows:
+        bulk_set(Host, status_rows, ["status"])
 
-    send_host_ids = sorted(
-        i for i, (_, version, _, elsewhere) in hosts.items() if known_hosts.get(i, 0) < version and not elsewhere
-    )
+    newer = sorted(i for i, (version, _) in hosts.items() if known_hosts.get(i, 0) < version)
+    elsewhere = _running_elsewhere(shard, newer)
+    send_host_ids = [i for i in newer if i not in elsewhere]
     removed_host_ids = sorted(h.id for h in req.known_hosts if h.id not in hosts)
     more = len(send_host_ids) > MAX_HOSTS_PER_RESPONSE
     send_host_ids = send_host_ids[:MAX_HOSTS_PER_RESPONSE]
 
-    candidates = Job.objects.filter(shard=shard, status__in=JobStatus.ACTIVE).values_list("id", "version", "priority")
     send_jobs = sorted(
-        ((-priority, job_id) for job_id, version, priority in candidates if known_jobs.get(job_id, 0) < version)
+        (-priority, job_id) for job_id, version, priority in active_jobs if known_jobs.get(job_id, 0) < version
     )
     if replaced:
         # A copy may hold as queued a job that has ended since: told so, it never runs it.
@@ -303,32 +363,15 @@ def process_heartbeat(shard_id: int, req: HeartbeatRequest) -> HeartbeatResponse
     more = more or len(send_jobs) > MAX_JOBS_PER_RESPONSE
     send_job_ids = [job_id for _, job_id in send_jobs[:MAX_JOBS_PER_RESPONSE]]
 
-    sent_hosts = Host.objects.filter(id__in=send_host_ids).prefetch_related("labels").order_by("id")
-    sent_jobs = {
-        job.id: job
-        for job in Job.objects.filter(id__in=send_job_ids)
-        .select_related("parent")
-        .prefetch_related(
-            "dependency_labels",
-            Prefetch("hqes", queryset=HostQueueEntry.objects.select_related("meta_host").order_by("id")),
-        )
-    }
-    jobs = [sent_jobs[i] for i in send_job_ids]
+    sent_hosts = (
+        list(Host.objects.filter(id__in=send_host_ids).prefetch_related("labels").order_by("id"))
+        if send_host_ids
+        else []
+    )
+    jobs = _jobs_to_send(send_job_ids)
     suite_keyvals = {
         str(j.parent_id): j.parent.keyvals for j in jobs if j.parent is not None and isinstance(j.parent.keyvals, dict)
     }
-
-    Shard.objects.filter(id=shard.id).update(
-        last_heartbeat=now,
-        client_version=req.client_version,
-        outbox_depth=req.outbox_depth,
-        known_hosts_count=len(req.known_hosts),
-        known_jobs_count=len(req.known_jobs),
-        last_updates_count=len(req.updates),
-        updates_applied=F("updates_applied") + applied,
-        instance=req.instance,
-        **({"instance_since": now} if shard.instance != req.instance else {}),
-    )
     return HeartbeatResponse(
         hosts=[host_record(h) for h in sent_hosts],
         removed_host_ids=removed_host_ids,
@@ -338,3 +381,19 @@ def process_heartbeat(shard_id: int, req: HeartbeatRequest) -> HeartbeatResponse
         more=more,
         heartbeat_interval_s=settings.FLEETSHARD_HEARTBEAT_INTERVAL_S,
     )
+
+
+def _jobs_to_send(job_ids: list[int]) -> list[Job]:
+    """The jobs, in `job_ids`' order, with what their records carry."""
+    if not job_ids:
+        return []
+    found = {
+        job.id: job
+        for job in Job.objects.filter(id__in=job_ids)
+        .select_related("parent")
+        .prefetch_related(
+            "dependency_labels",
+            Prefetch("hqes", queryset=HostQueueEntry.objects.select_related("meta_host").order_by("id")),
+        )
+    }
+    return [found[i] for i in job_ids]

@@ -67,7 +67,7 @@ def heartbeat(request: HttpRequest) -> JsonResponse:
 
     try:
         touch(token)
-        response = process_heartbeat(token.shard.id, req)
+        response = process_heartbeat(token.shard, req)
     except InstanceConflict as exc:
         return _error(409, exc.message, "instance", heard_s_ago=round(exc.heard_s_ago, 1))
     except DatabaseFailure as exc:

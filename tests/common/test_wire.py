@@ -194,3 +194,42 @@ def test_a_malformed_removed_id_or_suite_keyvals_costs_only_itself():
     assert parsed.suite_keyvals == {"8": {"suite": "bvt"}}
     assert len(parsed.acks) == 1
     assert len(parsed.skipped) == 5
+
+
+known_records = st.lists(
+    st.fixed_dictionaries(
+        {
+            "id": st.integers(min_value=1, max_value=40) | json_values,
+            "version": st.integers(min_value=1, max_value=2**63 - 1) | st.sampled_from([0, 2**63, True, 1.0]),
+            "status": st.sampled_from(["Ready", "Running", "Repair Failed"]) | json_values,
+        },
+        optional={"extra": json_values},
+    )
+    | json_values,
+    max_size=6,
+)
+
+
+def _one_record_at_a_time(body: dict[str, Any], key: str) -> list[tuple[Any, ...]] | str:
+    """What the known list parses to when each record is parsed alone: the records, or the error."""
+    records: list[tuple[Any, ...]] = []
+    for i, item in enumerate(body[key]):
+        try:
+            records += getattr(HeartbeatRequest.parse({**body, "known_hosts": [], "known_jobs": [], key: [item]}), key)
+        except WireError as exc:
+            return str(exc).replace(f"{key}[0]", f"{key}[{i}]")
+    ids = [r[0] for r in records]
+    repeated = next((i for i, x in enumerate(ids) if x in ids[:i]), None)
+    kind = "host" if key == "known_hosts" else "job"
+    return f"{key}[{repeated}].id: {kind} {ids[repeated]} is listed twice" if repeated is not None else records
+
+
+@settings(max_examples=300)
+@given(records=known_records, key=st.sampled_from(["known_hosts", "known_jobs"]))
+def test_a_known_list_read_a_column_at_a_time_agrees_with_reading_each_record(records, key):
+    body = {**REQUEST, key: records}
+    try:
+        got: list[tuple[Any, ...]] | str = list(getattr(HeartbeatRequest.parse(body), key))
+    except WireError as exc:
+        got = str(exc)
+    assert got == _one_record_at_a_time(body, key)

@@ -276,13 +276,18 @@ def test_response_is_cut_at_its_bound_with_more(fleet, heartbeat, settings):
 
 
 # Measured and pinned: a change to the heartbeat that adds a query must say why here. The count
-# includes the token's last_used write, which happens at most once a minute, and the upsert of the
-# runs' intervals (timelines), made only when an update starts or ends a run, and the four of the
-# host events (timelines: read the hosts' intervals, then one DELETE, one UPDATE and one INSERT).
-QUERIES_PER_HEARTBEAT = 23
+# includes the upsert of the runs' intervals (timelines), made only when an update starts or ends a
+# run, and the four of the host events (timelines: read the hosts' intervals, then one DELETE, one
+# UPDATE and one INSERT). The first heartbeat of a shard's instance also reads the shard under its
+# row lock and notes the new instance, and writes the token's last_used (done at most once a
+# minute): three more. A heartbeat that brings and gets nothing new costs the token lookup, the note
+# of the heartbeat and one read of the shard's hosts and jobs (the savepoint pair is the test's).
+QUERIES_PER_HEARTBEAT = 22
+QUERIES_PER_FIRST_HEARTBEAT = QUERIES_PER_HEARTBEAT + 3
+QUERIES_PER_QUIET_HEARTBEAT = 5
 
 
-def _heartbeat_queries(heartbeat, n: int) -> int:
+def _heartbeat_queries(heartbeat, n: int, *, first: bool) -> int:
     """Puts n hosts, n jobs and n updates in play on a new shard, and counts one heartbeat's queries."""
     label = f"board:q{n}"
     services.create_labels([label], acting_user=None)
@@ -313,6 +318,8 @@ def _heartbeat_queries(heartbeat, n: int) -> int:
     ]
     body_hosts = [{"id": i, "version": 1, "status": "Running"} for i in host_ids]
     body_jobs = [{"id": j.id, "version": 1} for j in jobs[: n // 2]]
+    if not first:
+        heartbeat(shard, token)
     with CaptureQueriesContext(connection) as ctx:
         resp = heartbeat(
             shard, token, known_hosts=body_hosts, known_jobs=body_jobs, updates=updates, host_events=events
@@ -326,10 +333,40 @@ def _heartbeat_queries(heartbeat, n: int) -> int:
 
 
 def test_heartbeat_query_count_does_not_grow_with_the_payload(fleet, heartbeat):
-    small = _heartbeat_queries(heartbeat, 1)
-    large = _heartbeat_queries(heartbeat, 500)
+    small = _heartbeat_queries(heartbeat, 1, first=False)
+    large = _heartbeat_queries(heartbeat, 500, first=False)
     assert (small, large) == (QUERIES_PER_HEARTBEAT, QUERIES_PER_HEARTBEAT)
     print(f"heartbeat queries: {small} with 1, {large} with 500 hosts, jobs and updates")
+
+
+def test_a_new_instances_first_heartbeat_costs_three_queries_more(fleet, heartbeat):
+    counts = (_heartbeat_queries(heartbeat, 1, first=True), _heartbeat_queries(heartbeat, 500, first=True))
+    assert counts == (QUERIES_PER_FIRST_HEARTBEAT, QUERIES_PER_FIRST_HEARTBEAT)
+
+
+@pytest.mark.parametrize("n", [1, 500])
+def test_a_heartbeat_with_nothing_new_either_way_costs_a_fixed_few_queries(fleet, heartbeat, n):
+    label = f"board:quiet{n}"
+    services.create_labels([label], acting_user=None)
+    shard, token = services.create_shard(f"quiet{n}", [label], acting_user=None)
+    services.create_hosts([f"quiet{n}-h{i}" for i in range(n)], labels=[label], acting_user=None)
+    for i in range(n):
+        services.create_job(
+            services.JobRequest(name=f"quiet{i}", owner="ana", command="true", meta_hosts=[(label, 1)]),
+            acting_user=None,
+        )
+    synced = heartbeat(shard, token)
+    known = {
+        "known_hosts": [{"id": h["id"], "version": h["version"], "status": "Ready"} for h in synced["hosts"]],
+        "known_jobs": [{"id": j["id"], "version": j["version"]} for j in synced["jobs"]],
+    }
+    assert len(known["known_hosts"]) == len(known["known_jobs"]) == n
+    heartbeat(shard, token, **known)  # the token's last_used is written at most once a minute
+    with CaptureQueriesContext(connection) as ctx:
+        resp = heartbeat(shard, token, **known)
+    assert (resp["hosts"], resp["jobs"], resp["removed_host_ids"], resp["acks"]) == ([], [], [], [])
+    assert len(ctx.captured_queries) == QUERIES_PER_QUIET_HEARTBEAT
+    assert Shard.objects.get(id=shard.id).known_hosts_count == n
 
 
 def test_the_outbox_depth_is_kept_as_last_reported(fleet, heartbeat):
