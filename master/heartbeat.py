@@ -6,12 +6,17 @@ same whatever the numbers of hosts, jobs and updates. The shard's row lock seria
 heartbeats, so a retry racing its original applies and assigns nothing twice.
 """
 
+import functools
+import itertools
 import logging
+import re
+import weakref
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import F, Prefetch, Q
 from django.utils import timezone
 
@@ -254,54 +259,132 @@ def job_record(job: Job) -> JobRecord:
     )
 
 
-def _note_heartbeat(shard_id: int, req: HeartbeatRequest, now: datetime, *, same_instance: bool) -> bool:
-    """Writes what the shard's list page shows of this heartbeat; False when `same_instance` and the
-    instance on record is another (or the shard is gone). One UPDATE, in SQL written once: it runs on
-    every heartbeat, and the ORM would build it anew each time (docs/protocol.md, "Cost").
+# What a heartbeat holds against the shard's known lists: its hosts (id -> version, status) and its
+# active jobs (id, version, priority).
+Holdings = tuple[dict[int, tuple[int, str]], list[tuple[int, int, int]]]
+NOTED = (
+    "last_heartbeat",
+    "client_version",
+    "outbox_depth",
+    "known_hosts_count",
+    "known_jobs_count",
+    "last_updates_count",
+)
 
-    A heartbeat that brings no updates and no host events writes only what its successor writes
-    again (host statuses included), so on PostgreSQL it does not wait for its commit to reach the
-    disk: a crash of the machine can lose the note, never an update."""
-    table, q = Shard._meta.db_table, connection.ops.quote_name
+
+@dataclass(frozen=True)
+class _Statements:
+    """The SQL every heartbeat runs, written once: the ORM would build it anew each time, a third of a
+    quiet heartbeat's cost (docs/protocol.md, "Cost")."""
+
+    note: str  # the heartbeat's bookkeeping, if the instance on record sent it
+    note_new_instance: str
+    instance: str  # the shard's instance on record, as a row of `holdings`' shape
+    holdings: str
+
+    @classmethod
+    @functools.cache
+    def of(cls, vendor: str) -> "_Statements":
+        q = connection.ops.quote_name
+        shard, host, job = q(Shard._meta.db_table), q(Host._meta.db_table), q(Job._meta.db_table)
+        sets = ", ".join(f"{q(column)} = %s" for column in NOTED)
+        active = ", ".join(["%s"] * len(JobStatus.ACTIVE))
+        return cls(
+            note=f"UPDATE {shard} SET {sets} WHERE {q('id')} = %s AND {q('instance')} = %s",
+            note_new_instance=f"UPDATE {shard} SET {sets}, {q('instance')} = %s, {q('instance_since')} = %s "
+            f"WHERE {q('id')} = %s",
+            instance=f"SELECT 2, 0, 0, {q('instance')}, 0 FROM {shard} WHERE {q('id')} = %s",
+            holdings=f"SELECT 0, {q('id')}, {q('version')}, {q('status')}, 0 FROM {host} WHERE {q('shard_id')} = %s "
+            f"UNION ALL SELECT 1, {q('id')}, {q('version')}, '', {q('priority')} FROM {job} "
+            f"WHERE {q('shard_id')} = %s AND {q('status')} IN ({active})",
+        )
+
+
+def _noted(req: HeartbeatRequest, now: datetime) -> list[Any]:
     when = connection.ops.adapt_datetimefield_value(now)
-    columns = "last_heartbeat, client_version, outbox_depth, known_hosts_count, known_jobs_count, last_updates_count"
-    values = [when, req.client_version, req.outbox_depth, len(req.known_hosts), len(req.known_jobs), len(req.updates)]
-    sets = ", ".join(f"{q(c.strip())} = %s" for c in columns.split(","))
-    if same_instance:
-        where = f"{q('id')} = %s AND {q('instance')} = %s"
-        params = [*values, shard_id, req.instance]
-    else:
-        sets += f", {q('instance')} = %s, {q('instance_since')} = %s"
-        where = f"{q('id')} = %s"
-        params = [*values, req.instance, when, shard_id]
-    quiet = not req.updates and not req.host_events and connection.vendor == "postgresql"
-    lazy = "SET LOCAL synchronous_commit TO OFF; " if quiet else ""
-    with connection.cursor() as cursor:
-        cursor.execute(f"{lazy}UPDATE {q(table)} SET {sets} WHERE {where}", params)
-        return cursor.rowcount == 1
+    return [when, req.client_version, req.outbox_depth, len(req.known_hosts), len(req.known_jobs), len(req.updates)]
 
 
-def _holdings(shard_id: int) -> tuple[dict[int, tuple[int, str]], list[tuple[int, int, int]]]:
-    """The shard's hosts (id -> version, status) and its active jobs (id, version, priority), read in
-    one query, in SQL written once, as every heartbeat compares them with the shard's known lists."""
-    q = connection.ops.quote_name
-    host, job = q(Host._meta.db_table), q(Job._meta.db_table)
-    active = ", ".join(["%s"] * len(JobStatus.ACTIVE))
-    sql = (
-        f"SELECT 0, {q('id')}, {q('version')}, {q('status')}, 0 FROM {host} WHERE {q('shard_id')} = %s "
-        f"UNION ALL SELECT 1, {q('id')}, {q('version')}, '', {q('priority')} FROM {job} "
-        f"WHERE {q('shard_id')} = %s AND {q('status')} IN ({active})"
-    )
+def _holdings_of(rows: list[tuple[Any, ...]]) -> tuple[Holdings, str | None]:
+    """The holdings in rows of `_Statements.holdings`, and the instance on record if a row says it."""
     hosts: dict[int, tuple[int, str]] = {}
     jobs: list[tuple[int, int, int]] = []
+    instance = None
+    for kind, row_id, version, text, priority in rows:
+        if kind == 0:
+            hosts[row_id] = (version, text)
+        elif kind == 1:
+            jobs.append((row_id, version, priority))
+        else:
+            instance = text
+    return (hosts, jobs), instance
+
+
+# The statements a PostgreSQL connection has prepared for quiet heartbeats, by connection (a reconnect
+# prepares anew): planning them took as long as running them.
+_prepared: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+_prepared_serial = itertools.count(1)
+
+
+def _placeholders(sql: str) -> str:
+    """`sql` with its `%s` numbered `$1`, `$2`... as PREPARE takes them."""
+    numbers = itertools.count(1)
+    return re.sub("%s", lambda _: f"${next(numbers)}", sql)
+
+
+def _quiet_heartbeat(shard_id: int, req: HeartbeatRequest, now: datetime) -> Holdings | None:
+    """On PostgreSQL, a heartbeat with no updates and no host events (nearly every heartbeat of a fleet)
+    notes itself and reads the holdings in one round trip: one implicit transaction, whose UPDATE takes
+    the shard's row lock before its SELECT looks. It writes only what its successor writes again (host
+    statuses too), so its commit does not wait for the disk: a crash of the machine can lose the note,
+    never an update. None, having written nothing, when the instance on record is another.
+
+    Its two statements are prepared once per connection. A name is taken anew after any error, since
+    PostgreSQL keeps a prepared statement even when its transaction rolls back."""
+    sql = _Statements.of(connection.vendor)
+    note, read = sql.note, f"{sql.instance} UNION ALL {sql.holdings}"
+    note_params = [*_noted(req, now), shard_id, req.instance]
+    read_params: list[Any] = [shard_id, shard_id, shard_id, *JobStatus.ACTIVE]
     with connection.cursor() as cursor:
-        cursor.execute(sql, [shard_id, shard_id, *JobStatus.ACTIVE])
-        for kind, row_id, version, status, priority in cursor.fetchall():
-            if kind == 0:
-                hosts[row_id] = (version, status)
-            else:
-                jobs.append((row_id, version, priority))
-    return hosts, jobs
+        raw = connection.connection
+        name = _prepared.get(raw)
+        prepare = ""
+        if name is None:
+            name = f"fleetshard_quiet{next(_prepared_serial)}"
+            prepare = f"PREPARE {name}_note AS {_placeholders(note)}; PREPARE {name}_read AS {_placeholders(read)}; "
+        marks = ", ".join(["%s"] * len(note_params)), ", ".join(["%s"] * len(read_params))
+        try:
+            cursor.execute(
+                f"{prepare}SET LOCAL synchronous_commit TO OFF; "
+                f"EXECUTE {name}_note({marks[0]}); EXECUTE {name}_read({marks[1]})",
+                [*note_params, *read_params],
+            )
+        except DatabaseError:
+            _prepared.pop(raw, None)
+            raise
+        _prepared[raw] = name
+        holdings, instance = _holdings_of(cursor.fetchall())
+    return holdings if instance == req.instance else None
+
+
+def _note_heartbeat(shard_id: int, req: HeartbeatRequest, now: datetime, *, same_instance: bool) -> bool:
+    """Writes what the shard's list page shows of this heartbeat; False when `same_instance` and the
+    instance on record is another (or the shard is gone)."""
+    sql = _Statements.of(connection.vendor)
+    if same_instance:
+        statement, params = sql.note, [*_noted(req, now), shard_id, req.instance]
+    else:
+        when = connection.ops.adapt_datetimefield_value(now)
+        statement, params = sql.note_new_instance, [*_noted(req, now), req.instance, when, shard_id]
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+        return bool(cursor.rowcount == 1)
+
+
+def _holdings(shard_id: int) -> Holdings:
+    with connection.cursor() as cursor:
+        cursor.execute(_Statements.of(connection.vendor).holdings, [shard_id, shard_id, *JobStatus.ACTIVE])
+        return _holdings_of(cursor.fetchall())[0]
 
 
 def _running_elsewhere(shard: Shard, host_ids: list[int]) -> set[int]:
@@ -314,13 +397,20 @@ def _running_elsewhere(shard: Shard, host_ids: list[int]) -> set[int]:
     return set(busy.exclude(job__shard=shard).values_list("host_id", flat=True))
 
 
-@transaction.atomic
 def process_heartbeat(shard: Shard, req: HeartbeatRequest) -> HeartbeatResponse:
-    """A heartbeat from `shard` (its id and hostname are read; the rest is read under its row lock).
-
-    The instance on record heartbeating again, nearly every heartbeat, takes the shard's row lock with
-    the one UPDATE that notes it; another instance is checked under a plain row lock first."""
+    """A heartbeat from `shard` (its id and hostname are read; the rest is read under its row lock)."""
     now = timezone.now()
+    if not req.updates and not req.host_events and connection.vendor == "postgresql":
+        holdings = _quiet_heartbeat(shard.id, req, now)
+        if holdings is not None:
+            return _answer(shard, req, holdings, [], replaced=False)
+    return _heartbeat_in_transaction(shard, req, now)
+
+
+@transaction.atomic
+def _heartbeat_in_transaction(shard: Shard, req: HeartbeatRequest, now: datetime) -> HeartbeatResponse:
+    """The instance on record takes the shard's row lock with the one UPDATE that notes its heartbeat;
+    another instance is checked under a plain row lock first."""
     replaced = False
     if not _note_heartbeat(shard.id, req, now, same_instance=True):
         locked = Shard.objects.select_for_update().get(id=shard.id)
@@ -328,18 +418,25 @@ def process_heartbeat(shard: Shard, req: HeartbeatRequest) -> HeartbeatResponse:
         if replaced:
             _adopt(locked, req.instance, now)
         _note_heartbeat(shard.id, req, now, same_instance=False)
-    known_hosts = {h.id: h.version for h in req.known_hosts}
-    known_jobs = {j.id: j.version for j in req.known_jobs}
-    hosts, active_jobs = _holdings(shard.id)
-
+    holdings = _holdings(shard.id)
+    hosts = set(holdings[0])
     acks: list[Ack] = []
     if req.updates:
-        acks, applied = _apply_updates(shard, req.updates, set(hosts))
+        acks, applied = _apply_updates(shard, req.updates, hosts)
         if applied:
             Shard.objects.filter(id=shard.id).update(updates_applied=F("updates_applied") + applied)
     if req.host_events:
-        acks += _record_host_events(shard, req.host_events, set(hosts))
+        acks += _record_host_events(shard, req.host_events, hosts)
+    return _answer(shard, req, holdings, acks, replaced=replaced)
 
+
+def _answer(
+    shard: Shard, req: HeartbeatRequest, holdings: Holdings, acks: list[Ack], *, replaced: bool
+) -> HeartbeatResponse:
+    """Keeps the hosts' statuses as the shard reports them, and answers with what it lacks."""
+    hosts, active_jobs = holdings
+    known_hosts = {h.id: h.version for h in req.known_hosts}
+    known_jobs = {j.id: j.version for j in req.known_jobs}
     status_rows = [
         {"id": h.id, "status": h.status} for h in req.known_hosts if h.id in hosts and hosts[h.id][1] != h.status
     ]
