@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import chain, repeat
 from typing import Any, NamedTuple, TypeVar
 
 from django.utils.dateparse import parse_datetime
@@ -64,15 +65,16 @@ class ProtocolMismatch(WireError):
 # JSON in and out.
 
 
-def loads(raw: bytes | str) -> Any:
-    """Parses a body, refusing one nested deeper than MAX_DEPTH (a 400, never a RecursionError)."""
+def loads(raw: bytes | str, *, check_depth: bool = True) -> Any:
+    """Parses a body, refusing one nested deeper than MAX_DEPTH (a 400, never a RecursionError); a
+    caller that checks the depth itself (HeartbeatRequest.parse) says `check_depth=False`."""
     try:
         value = json.loads(raw, parse_constant=_refuse_constant)
     except RecursionError:
         raise WireError("body", f"JSON nested deeper than {MAX_DEPTH} levels") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise WireError("body", f"not valid JSON: {exc}") from None
-    if depth_exceeds(value, MAX_DEPTH):
+    if check_depth and depth_exceeds(value, MAX_DEPTH):
         raise WireError("body", f"JSON nested deeper than {MAX_DEPTH} levels")
     return value
 
@@ -275,6 +277,17 @@ class KnownJob(NamedTuple):
         return {"id": self.id, "version": self.version}
 
 
+def _flat_records(items: object) -> bool:
+    """Whether `items` is a list of objects that hold no object or list."""
+    if type(items) is not list:
+        return False
+    try:
+        kinds = set(map(type, chain.from_iterable(map(dict.values, items))))
+    except TypeError:  # an item that is not an object
+        return False
+    return dict not in kinds and list not in kinds
+
+
 def _ids(values: list[Any]) -> bool:
     return not values or (set(map(type, values)) == {int} and min(values) >= ID_MIN and max(values) <= ID_MAX)
 
@@ -391,6 +404,10 @@ class HeartbeatRequest:
     @classmethod
     def parse(cls, body: object) -> "HeartbeatRequest":
         f = _body(body)
+        # Known lists of plain records (nearly all of a heartbeat) cannot nest too deep: the rest is walked.
+        rest = {k: v for k, v in f.obj.items() if k not in ("known_hosts", "known_jobs") or not _flat_records(v)}
+        if depth_exceeds(rest, MAX_DEPTH):
+            raise WireError("body", f"JSON nested deeper than {MAX_DEPTH} levels")
         check_protocol(f)
         instance = f.text("instance", 64, default=None)
         try:
@@ -447,7 +464,7 @@ def _known(f: _Fields, key: str, kind: str, record: type[K]) -> list[K]:
     except (KeyError, TypeError):  # a record that lacks a field, or is no object
         columns = None
     if columns is not None and record.plain(*columns):
-        records = list(map(record._make, zip(*columns, strict=True)))
+        records = list(map(tuple.__new__, repeat(record), zip(*columns, strict=True)))
     else:
         records = [record.parse(_Fields(item, f"{key}[{i}]")) for i, item in enumerate(items)]
     ids = [r.id for r in records]

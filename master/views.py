@@ -53,7 +53,7 @@ def heartbeat(request: HttpRequest) -> JsonResponse:
         return _error(401, "unknown or revoked shard token", "Authorization")
 
     try:
-        req = HeartbeatRequest.parse(loads(raw_body))
+        req = HeartbeatRequest.parse(loads(raw_body, check_depth=False))
     except ProtocolMismatch as exc:
         return _error(409, exc.message, exc.field, supported=[1])
     except WireError as exc:

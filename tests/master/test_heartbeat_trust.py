@@ -57,6 +57,33 @@ def test_hostile_envelope_is_a_400_naming_the_field_and_changes_nothing(fleet, h
     assert _snapshot() == before
 
 
+def _nested(levels: int) -> object:
+    value: object = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    "above, where",
+    [
+        (3, lambda deep: {"known_hosts": [{"id": 1, "version": 1, "status": "Ready", "note": deep}]}),
+        (2, lambda deep: {"known_jobs": [{"id": 1, "version": 1}, deep]}),
+        (3, lambda deep: {"known_hosts": [{"id": 1, "version": 1, "status": "Ready"}], "updates": [{"x": deep}]}),
+    ],
+    ids=["in a known record's extra field", "as a known record", "beside plain known lists"],
+)
+def test_nesting_deeper_than_32_anywhere_is_a_400_and_32_is_not(fleet, heartbeat, above, where):
+    """The body is level 1 and `above` levels hold the nested lists: too deep wherever it is, the known
+    lists (checked in bulk) included."""
+    before = _snapshot()
+    resp = heartbeat.post_raw(json.dumps(heartbeat.body(fleet.lab1, **where(_nested(33 - above)))), fleet.token1)
+    assert resp.status_code == 400 and "nested deeper than 32" in resp.json()["error"], resp.content
+    assert _snapshot() == before
+    resp = heartbeat.post_raw(json.dumps(heartbeat.body(fleet.lab1, **where(_nested(32 - above)))), fleet.token1)
+    assert "nested deeper" not in resp.content.decode(), resp.content
+
+
 def test_json_nested_100000_deep_is_a_400(fleet, heartbeat):
     before = _snapshot()
     for raw in (DEEP, '{"protocol": 1, "x": ' + DEEP + "}"):
