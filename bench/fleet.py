@@ -433,7 +433,9 @@ def main() -> None:
     parser.add_argument("--capacity", type=float, default=30.0, help="seconds of each closed-loop measure, in all")
     parser.add_argument("--rounds", type=int, default=6, help="alternating rounds the closed-loop seconds are cut into")
     parser.add_argument("--clients", type=int, default=8, help="closed-loop clients")
-    parser.add_argument("--workers", type=int, default=2, help="the master's gunicorn workers")
+    parser.add_argument(
+        "--workers", type=int, default=None, help="the master's gunicorn workers (default: serve's own, 2 per core + 1)"
+    )
     args = parser.parse_args()
 
     if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
@@ -475,7 +477,8 @@ def main() -> None:
             port = s.getsockname()[1]
         log = open(data_dir / "master.log", "wb")  # noqa: SIM115
         master = subprocess.Popen(
-            [sys.executable, "manage.py", "serve", "--bind", f"127.0.0.1:{port}", "--workers", str(args.workers)],
+            [sys.executable, "manage.py", "serve", "--bind", f"127.0.0.1:{port}"]
+            + ([] if args.workers is None else ["--workers", str(args.workers)]),
             cwd=ROOT,
             env=env,
             stdout=log,
