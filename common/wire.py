@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from itertools import chain, repeat
 from typing import Any, NamedTuple, TypeVar
 
+import orjson
 from django.utils.dateparse import parse_datetime
 
 from common.constants import (
@@ -67,7 +68,23 @@ class ProtocolMismatch(WireError):
 
 def loads(raw: bytes | str, *, check_depth: bool = True) -> Any:
     """Parses a body, refusing one nested deeper than MAX_DEPTH (a 400, never a RecursionError); a
-    caller that checks the depth itself (HeartbeatRequest.parse) says `check_depth=False`."""
+    caller that checks the depth itself (HeartbeatRequest.parse) says `check_depth=False`.
+
+    orjson parses a body two to three times faster than json (every heartbeat carries its shard's
+    whole known lists). Where they could differ, json decides: whatever orjson refuses (lone
+    surrogates, NaN, infinities, its own depth limit) is parsed again by json for the same result or
+    error as ever, and a body with an integer of 19 digits or more, which orjson would turn into a
+    float, goes to json directly."""
+    data = raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogatepass")
+    if _LONG_NUMBER not in data.translate(_DIGITS_AS_ZERO):
+        try:
+            value = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+        else:
+            if check_depth and depth_exceeds(value, MAX_DEPTH):
+                raise WireError("body", f"JSON nested deeper than {MAX_DEPTH} levels")
+            return value
     try:
         value = json.loads(raw, parse_constant=_refuse_constant)
     except RecursionError:
@@ -77,6 +94,10 @@ def loads(raw: bytes | str, *, check_depth: bool = True) -> Any:
     if check_depth and depth_exceeds(value, MAX_DEPTH):
         raise WireError("body", f"JSON nested deeper than {MAX_DEPTH} levels")
     return value
+
+
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_LONG_NUMBER = b"0" * 19
 
 
 def _refuse_constant(name: str) -> None:

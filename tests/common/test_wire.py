@@ -233,3 +233,50 @@ def test_a_known_list_read_a_column_at_a_time_agrees_with_reading_each_record(re
     except WireError as exc:
         got = str(exc)
     assert got == _one_record_at_a_time(body, key)
+
+
+def _typed(value: Any) -> Any:
+    """`value` with every scalar's type beside it: 1 and 1.0 and True differ."""
+    if isinstance(value, dict):
+        return {k: _typed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_typed(v) for v in value]
+    return (type(value).__name__, repr(value))
+
+
+def _refuse(name: str) -> None:
+    raise ValueError(name)
+
+
+def _json_only(raw: bytes) -> Any:
+    """What json alone makes of a body, with the wire's rules: no NaN or infinities, 32 levels."""
+    try:
+        value = json.loads(raw, parse_constant=_refuse)
+    except (ValueError, RecursionError):
+        return "refused"
+    return "refused" if depth_exceeds(value, 32) else _typed(value)
+
+
+wide_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**80), max_value=2**80)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=12),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4),
+    max_leaves=16,
+)
+
+
+@settings(max_examples=400)
+@given(value=wide_values, ascii_only=st.booleans(), cut=st.integers(min_value=0, max_value=40))
+def test_loads_parses_as_json_does_whatever_the_body(value, ascii_only, cut):
+    """The fast parser never decides: a body parses to the same values and types as with json, or is
+    refused as json refuses it (big integers, lone surrogates, NaN, cut-off bodies included)."""
+    raw = json.dumps(value, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass")
+    for body in (raw, raw[: len(raw) - cut], raw.replace(b"1", b"1e999", 1), raw.replace(b"0", b"NaN", 1)):
+        try:
+            got = _typed(loads(body))
+        except WireError:
+            got = "refused"
+        assert got == _json_only(body)
