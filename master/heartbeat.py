@@ -433,7 +433,9 @@ def _heartbeat_in_transaction(shard: Shard, req: HeartbeatRequest, now: datetime
         replaced = _check_instance(locked, req.instance, now)
         if replaced:
             _adopt(locked, req.instance, now)
-        _note_heartbeat(shard.id, req, now, same_instance=False)
+        # Under the lock the instance on record may have become this one (a heartbeat of it that took
+        # over meanwhile): its time is that heartbeat's.
+        _note_heartbeat(shard.id, req, now, same_instance=locked.instance == req.instance)
     holdings = _holdings(shard.id)
     hosts = set(holdings[0])
     acks: list[Ack] = []

@@ -1,13 +1,15 @@
 """A quiet heartbeat on PostgreSQL (master/heartbeat.py, `_quiet_heartbeat`): its two statements are
 prepared once per connection, and nothing that happens to that connection between or during
 heartbeats (a killed backend, statements gone, a name already taken) costs more than the one
-heartbeat it interrupts, nor applies anything twice."""
+heartbeat it interrupts, nor applies anything twice. Also the races that need PostgreSQL's row locks to
+interleave (SQLite runs one writer at a time)."""
 
 import itertools
 import json
 import os
 import threading
 import time
+from datetime import UTC, datetime
 
 import psycopg2
 import pytest
@@ -23,7 +25,7 @@ from .test_heartbeat import known, known_hosts, update
 @pytest.fixture(autouse=True)
 def _postgresql_only() -> None:
     if connection.vendor != "postgresql":
-        pytest.skip("prepared statements and synchronous_commit are PostgreSQL's (SQLite takes the general path)")
+        pytest.skip("prepared statements, synchronous_commit and row locks are PostgreSQL's")
 
 
 @pytest.fixture
@@ -48,6 +50,16 @@ def _other_connection():
     conn = psycopg2.connect(**params)
     conn.autocommit = True
     return conn
+
+
+def _wait_for_a_lock(cur, pid: int) -> None:
+    for _ in range(200):
+        cur.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid])
+        row = cur.fetchone()
+        if row is not None and row[0] == "Lock":
+            return
+        time.sleep(0.05)
+    pytest.fail("the heartbeat never waited for the shard's lock")
 
 
 def _settled(fleet, heartbeat):
@@ -124,14 +136,7 @@ def test_a_quiet_heartbeat_killed_while_it_waits_for_the_shards_lock_is_a_503_an
         waiting = threading.Thread(target=lambda: statuses.append(heartbeat.post_raw(body, fleet.token1).status_code))
         waiting.start()
         with killer.cursor() as cur:
-            for _ in range(200):
-                cur.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid])
-                row = cur.fetchone()
-                if row is not None and row[0] == "Lock":
-                    break
-                time.sleep(0.05)
-            else:
-                pytest.fail("the quiet heartbeat never waited for the shard's lock")
+            _wait_for_a_lock(cur, pid)
             cur.execute("SELECT pg_terminate_backend(%s)", [pid])
         waiting.join(10)
         assert statuses == [503]
@@ -173,3 +178,37 @@ def test_a_quiet_heartbeat_whose_statements_name_is_taken_on_its_connection_take
     assert heartbeat(fleet.lab1, fleet.token1, **quiet)["hosts"] == []
     assert Shard.objects.get(id=fleet.lab1.id).last_heartbeat > before
     assert heartbeat(fleet.lab1, fleet.token1, **quiet)["hosts"] == []
+
+
+def test_a_new_instance_whose_takeover_another_heartbeat_of_it_just_made_keeps_its_instance_since(
+    fleet_committed, heartbeat, one_slot
+):
+    # Two heartbeats of the new instance at once (a retry racing its original): the second finds the
+    # instance on record is its own only once it holds the shard's lock, and must not restart its time.
+    fleet = fleet_committed
+    new = heartbeat.instance_of("another-database")
+    since = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    one_slot.ensure_connection()
+    locker, watcher = _other_connection(), _other_connection()
+    locker.autocommit = False
+    statuses: list[int] = []
+    try:
+        with locker.cursor() as cur:
+            cur.execute("SELECT 1 FROM common_shard WHERE id = %s FOR UPDATE", [fleet.lab1.id])
+            cur.execute(
+                "UPDATE common_shard SET instance = %s, instance_since = %s, last_heartbeat = now() WHERE id = %s",
+                [new, since, fleet.lab1.id],
+            )
+        body = json.dumps(heartbeat.body(fleet.lab1, instance=new))
+        second = threading.Thread(target=lambda: statuses.append(heartbeat.post_raw(body, fleet.token1).status_code))
+        second.start()
+        with watcher.cursor() as cur:
+            _wait_for_a_lock(cur, one_slot.connection.get_backend_pid())
+        locker.commit()
+        second.join(10)
+        assert statuses == [200]
+        shard = Shard.objects.get(id=fleet.lab1.id)
+        assert (shard.instance, shard.instance_since) == (new, since)
+    finally:
+        locker.close()
+        watcher.close()
