@@ -276,7 +276,7 @@ NOTED = (
 @dataclass(frozen=True)
 class _Statements:
     """The SQL every heartbeat runs, written once: the ORM would build it anew each time, a third of a
-    quiet heartbeat's cost (docs/protocol.md, "Cost")."""
+    quiet heartbeat's cost."""
 
     note: str  # the heartbeat's bookkeeping, if the instance on record sent it
     note_new_instance: str
