@@ -212,3 +212,44 @@ def test_a_new_instance_whose_takeover_another_heartbeat_of_it_just_made_keeps_i
     finally:
         locker.close()
         watcher.close()
+
+
+def test_quiet_heartbeats_racing_ones_with_updates_of_the_same_shard_all_answer_and_apply_each_update_once(
+    fleet_committed, heartbeat, monkeypatch
+):
+    # Four clients of one shard on two slots (a retry racing its original, a leader handing over): quiet
+    # heartbeats whose statuses disagree, beside the same update sent again and again.
+    fleet = fleet_committed
+    fleet.job()
+    first, quiet = _settled(fleet, heartbeat)
+    hqe, running = _running_update(fleet, first, 1)
+    admission.limit_work(2)
+    pool = admission._slots
+    for wrappers in pool.queue:
+        monkeypatch.setitem(wrappers["default"].settings_dict, "CONN_MAX_AGE", 60)
+    statuses: list[int] = []
+    lock = threading.Lock()
+
+    def send(extra) -> None:
+        for _ in range(15):
+            code = heartbeat.post_raw(json.dumps(heartbeat.body(fleet.lab1, **extra)), fleet.token1).status_code
+            with lock:
+                statuses.append(code)
+
+    repairing = {**quiet, "known_hosts": [{**h, "status": "Repairing"} for h in quiet["known_hosts"]]}
+    extras = [quiet, repairing, {**quiet, "updates": [running]}, {**quiet, "updates": [running]}]
+    try:
+        threads = [threading.Thread(target=send, args=(extra,)) for extra in extras]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    finally:
+        admission._slots = None
+        while not pool.empty():
+            for wrapper in pool.get().values():
+                wrapper.close()
+    assert statuses == [200] * 60
+    hqe.refresh_from_db()
+    shard = Shard.objects.get(id=fleet.lab1.id)
+    assert (hqe.status, hqe.last_seq, shard.updates_applied) == ("Running", 1, 1)
