@@ -9,6 +9,7 @@ heartbeats, so a retry racing its original applies and assigns nothing twice.
 import functools
 import itertools
 import logging
+import os
 import re
 import weakref
 from dataclasses import dataclass
@@ -321,9 +322,13 @@ def _holdings_of(rows: list[tuple[Any, ...]]) -> tuple[Holdings, str | None]:
 
 
 # The statements a PostgreSQL connection has prepared for quiet heartbeats, by connection (a reconnect
-# prepares anew): planning them took as long as running them.
+# prepares anew): planning them took as long as running them. Names carry the process's id, so the
+# processes whose connections a transaction pooler shares never take each other's.
 _prepared: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
 _prepared_serial = itertools.count(1)
+# invalid_sql_statement_name, duplicate_prepared_statement: the connection lost our statements (a
+# pooler's DISCARD ALL, another server connection behind a transaction pooler) or holds the name.
+_NOT_PREPARED = frozenset({"26000", "42P05"})
 
 
 def _placeholders(sql: str) -> str:
@@ -337,32 +342,42 @@ def _quiet_heartbeat(shard_id: int, req: HeartbeatRequest, now: datetime) -> Hol
     notes itself and reads the holdings in one round trip: one implicit transaction, whose UPDATE takes
     the shard's row lock before its SELECT looks. It writes only what its successor writes again (host
     statuses too), so its commit does not wait for the disk: a crash of the machine can lose the note,
-    never an update. None, having written nothing, when the instance on record is another.
+    never an update. Inside a caller's transaction it leaves that transaction's durability alone (the
+    caller may write what must not be lost). None, having written nothing, when the instance on record
+    is another.
 
     Its two statements are prepared once per connection. A name is taken anew after any error, since
-    PostgreSQL keeps a prepared statement even when its transaction rolls back."""
+    PostgreSQL keeps a prepared statement even when its transaction rolls back; when the error says the
+    connection lacks them (or holds the name), they are prepared again at once: the failed round trip
+    was one implicit transaction, rolled back whole, so nothing is noted twice."""
     sql = _Statements.of(connection.vendor)
     note, read = sql.note, f"{sql.instance} UNION ALL {sql.holdings}"
     note_params = [*_noted(req, now), shard_id, req.instance]
     read_params: list[Any] = [shard_id, shard_id, shard_id, *JobStatus.ACTIVE]
+    marks = ", ".join(["%s"] * len(note_params)), ", ".join(["%s"] * len(read_params))
     with connection.cursor() as cursor:
         raw = connection.connection
-        name = _prepared.get(raw)
-        prepare = ""
-        if name is None:
-            name = f"fleetshard_quiet{next(_prepared_serial)}"
-            prepare = f"PREPARE {name}_note AS {_placeholders(note)}; PREPARE {name}_read AS {_placeholders(read)}; "
-        marks = ", ".join(["%s"] * len(note_params)), ", ".join(["%s"] * len(read_params))
-        # Inside a caller's transaction (a test's), whose other writes must keep their durability.
-        lazy = "" if connection.in_atomic_block else "SET LOCAL synchronous_commit TO OFF; "
-        try:
-            cursor.execute(
-                f"{prepare}{lazy}EXECUTE {name}_note({marks[0]}); EXECUTE {name}_read({marks[1]})",
-                [*note_params, *read_params],
-            )
-        except DatabaseError:
-            _prepared.pop(raw, None)
-            raise
+        own_transaction = not connection.in_atomic_block
+        fast = "SET LOCAL synchronous_commit TO OFF; " if own_transaction else ""
+        for retry in (False, True):
+            known = _prepared.get(raw)
+            name, prepare = known or "", ""
+            if known is None:
+                name = f"fleetshard_quiet{os.getpid()}_{next(_prepared_serial)}"
+                prepare = (
+                    f"PREPARE {name}_note AS {_placeholders(note)}; PREPARE {name}_read AS {_placeholders(read)}; "
+                )
+            try:
+                cursor.execute(
+                    f"{prepare}{fast}EXECUTE {name}_note({marks[0]}); EXECUTE {name}_read({marks[1]})",
+                    [*note_params, *read_params],
+                )
+            except DatabaseError as exc:
+                _prepared.pop(raw, None)
+                if retry or not own_transaction or getattr(exc.__cause__, "pgcode", None) not in _NOT_PREPARED:
+                    raise
+                continue
+            break
         _prepared[raw] = name
         holdings, instance = _holdings_of(cursor.fetchall())
     return holdings if instance == req.instance else None
@@ -418,7 +433,9 @@ def _heartbeat_in_transaction(shard: Shard, req: HeartbeatRequest, now: datetime
         replaced = _check_instance(locked, req.instance, now)
         if replaced:
             _adopt(locked, req.instance, now)
-        _note_heartbeat(shard.id, req, now, same_instance=False)
+        # Under the lock the instance on record may have become this one (a heartbeat of it that took
+        # over meanwhile): its time is that heartbeat's.
+        _note_heartbeat(shard.id, req, now, same_instance=locked.instance == req.instance)
     holdings = _holdings(shard.id)
     hosts = set(holdings[0])
     acks: list[Ack] = []

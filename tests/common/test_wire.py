@@ -146,6 +146,23 @@ def test_times_are_zoned_and_between_2000_and_2100(text, ok):
 def test_nesting_is_measured_without_recursion():
     assert not depth_exceeds(json.loads("[" * 32 + "]" * 32), 32)
     assert depth_exceeds(json.loads("[" * 33 + "]" * 33), 32)
+
+    # Objects count as lists do, and so do both mixed; a deep branch beside shallow ones still counts.
+    def nest(depth: int, kinds: str) -> Any:
+        value: Any = {} if kinds[(depth - 1) % len(kinds)] == "o" else []
+        for level in range(depth - 2, -1, -1):
+            value = {"a": value} if kinds[level % len(kinds)] == "o" else [value]
+        return value
+
+    for depth, deeper in ((32, False), (33, True)):
+        for value in (nest(depth, "o"), nest(depth, "lo"), nest(depth, "ol"), [1, {}, [[]], nest(depth - 1, "o"), "x"]):
+            text = json.dumps(value)
+            assert depth_exceeds(json.loads(text), 32) is deeper, text
+            if deeper:
+                with pytest.raises(WireError, match="nested deeper than 32"):
+                    loads(text)
+            else:
+                assert loads(text) == value
     nested: Any = []
     for _ in range(200_000):
         nested = [nested]
@@ -199,7 +216,9 @@ def test_a_malformed_removed_id_or_suite_keyvals_costs_only_itself():
 known_records = st.lists(
     st.fixed_dictionaries(
         {
-            "id": st.integers(min_value=1, max_value=40) | json_values,
+            "id": st.integers(min_value=1, max_value=40)
+            | st.sampled_from([0, -1, 2**63 - 1, 2**63, True, 1.0])
+            | json_values,
             "version": st.integers(min_value=1, max_value=2**63 - 1) | st.sampled_from([0, 2**63, True, 1.0]),
             "status": st.sampled_from(["Ready", "Running", "Repair Failed"]) | json_values,
         },

@@ -382,17 +382,3 @@ def test_a_bad_outbox_depth_is_a_400_naming_it_and_changes_nothing(fleet, heartb
     body = heartbeat(fleet.lab1, fleet.token1, expect=400, outbox_depth=value)
     assert "outbox_depth" in json.dumps(body)
     assert Shard.objects.get(id=fleet.lab1.id).last_heartbeat is None
-
-
-@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL only: SQLite has no lazy commit")
-def test_a_quiet_heartbeats_lazy_commit_ends_with_it(fleet_committed, heartbeat):
-    """Outside any transaction, as served, a quiet heartbeat is noted in a commit that does not wait
-    for the disk; the connection's next transaction (an update's) waits again."""
-    assert not connection.in_atomic_block
-    for _ in range(2):  # the second runs the statements the first prepared
-        resp = heartbeat(fleet_committed.lab1, fleet_committed.token1)
-        assert resp["acks"] == [] and resp["hosts"]
-    with connection.cursor() as cursor:
-        cursor.execute("SHOW synchronous_commit")
-        assert cursor.fetchone()[0] == "on"
-    assert Shard.objects.get(id=fleet_committed.lab1.id).last_heartbeat is not None
