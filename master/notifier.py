@@ -13,6 +13,7 @@ between a heartbeat and the next wait. A lost notification only delays a shard t
 
 import logging
 import os
+import random
 import select
 import socket
 import threading
@@ -36,7 +37,9 @@ MAX_WAITS_PER_SHARD = 4
 RECONNECT_S = 2.0
 # How often a held wait looks whether its client is still there (one that left frees its thread).
 GONE_CHECK_S = 2.0
-MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the final NUL
+MAX_SOCKET_PATH = 107
+# The share of a wait's timeout that may be cut at random (docs/protocol.md, "Waiting for news").
+WAIT_SPREAD = 0.25  # sun_path holds 108 bytes with the final NUL
 
 
 class NewsUnavailable(Exception):
@@ -290,6 +293,10 @@ def stop_listener() -> None:
 def wait_for_news(
     shard_id: int, since_s: float | None, timeout_s: float, gone: Callable[[], bool] | None = None
 ) -> bool:
+    """Whether the shard has news, within `timeout_s` less up to WAIT_SPREAD of it at random: waits
+    begun together (every shard after a master's restart) would otherwise end together, and come back
+    together, for as long as the fleet runs."""
+    timeout_s *= 1 - WAIT_SPREAD * random.random()
     board = news_board()
     if board.listening_since is None:
         # Just started: give the listener a moment to connect before calling it unavailable.

@@ -21,7 +21,31 @@ def test_a_wait_without_news_ends_at_its_timeout_with_news_false(fleet, client, 
     began = time.monotonic()
     resp = get(client, fleet.token1, timeout="0.3")
     assert resp.status_code == 200 and resp.json() == {"news": False}
-    assert 0.25 <= time.monotonic() - began < 3
+    assert 0.3 * 0.75 <= time.monotonic() - began < 3
+
+
+def test_waits_begun_together_end_spread_over_the_last_quarter_of_their_timeout(fleet_committed, news_listener):
+    """Else a fleet whose waits began together (a master's restart) would come back in one herd at
+    every timeout, for as long as it runs."""
+    began = time.monotonic()
+    ends: list[float] = []
+    answers: list[object] = []
+
+    def wait(token: str) -> None:
+        resp = get(Client(), token, timeout="1")
+        ends.append(time.monotonic() - began)
+        answers.append((resp.status_code, resp.json()))
+
+    threads = [
+        threading.Thread(target=wait, args=(token,)) for token in [fleet_committed.token1, fleet_committed.token2] * 4
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert answers == [(200, {"news": False})] * 8
+    assert min(ends) >= 0.75 and max(ends) < 3
+    assert max(ends) - min(ends) > 0.02, ends
 
 
 @pytest.mark.parametrize(
