@@ -33,16 +33,11 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-DEFAULT_PG = "postgres://postgres@127.0.0.1:5432/postgres"
 
-
-def say(text: str) -> None:
-    print(text, flush=True)
-
+from bench.chaos import DEFAULT_PG, admin_connection, create_database, say  # noqa: E402
 
 # A minimal HTTP/1.1 client: one connection, keep-alive, Content-Length or chunked bodies.
 
@@ -279,21 +274,6 @@ async def drain(host: str, port: int, token: str, limit_s: float = 300) -> float
 # Set-up: the database, the fleet's rows, the master.
 
 
-def admin_connection() -> Any:
-    import psycopg2
-
-    parts = urlsplit(os.environ["DATABASE_URL"])
-    conn = psycopg2.connect(
-        host=parts.hostname or "127.0.0.1",
-        port=parts.port or 5432,
-        user=parts.username or "postgres",
-        password=parts.password or None,
-        dbname="postgres",
-    )
-    conn.autocommit = True
-    return conn
-
-
 def fill(n_shards: int, n_hosts: int, n_jobs: int) -> list[SimShard]:
     """The fleet's rows, in bulk (the services would take minutes at 100,000 hosts); tokens by the service."""
     from django.db import transaction
@@ -441,12 +421,7 @@ def main() -> None:
     if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
         os.environ["DATABASE_URL"] = DEFAULT_PG
     dbname = f"fleet_bench_{uuid.uuid4().hex[:8]}"
-    server_url = os.environ["DATABASE_URL"]
-    url = urlsplit(server_url)._replace(path="/" + dbname).geturl()
-    conn = admin_connection()
-    with conn.cursor() as cur:
-        cur.execute(f'CREATE DATABASE "{dbname}"')
-    conn.close()
+    url = create_database(dbname)
     data_dir = Path(tempfile.mkdtemp(prefix="fleetshard-fleet-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETSHARD_")}
     env.update(

@@ -62,6 +62,24 @@ def backoff(interval: float, failures: int) -> float:
     return min(MAX_BACKOFF_S, max(interval, 1.0) * factor)
 
 
+class MasterUnavailable(Exception):
+    """The master cannot take this request now (unreachable, a 5xx, the token refused): what it
+    carried stays on the shard for a later pass."""
+
+
+def post_bytes(
+    session: requests.Session, url: str, params: dict[str, Any], data: bytes, timeout: tuple[float, float]
+) -> requests.Response:
+    """POSTs `data` as an octet stream (a result file, a job trace, a log chunk); MasterUnavailable
+    when no answer came back."""
+    try:
+        return session.post(
+            url, params=params, data=data, headers={"Content-Type": "application/octet-stream"}, timeout=timeout
+        )
+    except requests.RequestException as exc:
+        raise MasterUnavailable(f"cannot reach the master: {request_failure(exc)}") from exc
+
+
 def master_session(token: str) -> requests.Session:
     """A session speaking to the master as this shard; one per thread (a session is not thread-safe)."""
     session = requests.Session()

@@ -23,14 +23,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
-import requests
 from django.db import DatabaseError, close_old_connections, connection
 from django.db.models import Q
 from django.utils import timezone
 
 from common.constants import LOG_SHIP_INTERVAL_S, MAX_LOG_CHUNK_BYTES, MAX_LOG_PASS_BYTES, HQEStatus
-from common.network import request_failure
-from shard.client import HeartbeatClient, backoff, error_of, field_of, master_session
+from shard.client import HeartbeatClient, MasterUnavailable, backoff, error_of, field_of, master_session, post_bytes
 from shard.executor import UnsafeFile, open_regular
 from shard.models import Run
 from shard.workspace import RUN_LOG
@@ -44,10 +42,6 @@ RESUME_WINDOW = timedelta(days=1)
 RESCAN_SLACK = timedelta(minutes=1)
 # A master that has no log endpoint (older than this shard) is asked again this much later.
 UNSUPPORTED_PAUSE_S = 300.0
-
-
-class MasterUnavailable(Exception):
-    """No chunk can go now (master unreachable, a 5xx, the token refused): the pass stops, logs wait."""
 
 
 class LogsUnsupported(MasterUnavailable):
@@ -77,16 +71,7 @@ class LogSender:
 
     def send(self, hqe_id: int, offset: int, data: bytes, *, final: bool) -> Answer:
         params = {"hqe": str(hqe_id), "offset": str(offset), "final": "true" if final else "false"}
-        try:
-            resp = self.session.post(
-                self.url,
-                params=params,
-                data=data,
-                headers={"Content-Type": "application/octet-stream"},
-                timeout=self.timeout,
-            )
-        except requests.RequestException as exc:
-            raise MasterUnavailable(f"cannot reach the master: {request_failure(exc)}") from exc
+        resp = post_bytes(self.session, self.url, params, data, self.timeout)
         code = resp.status_code
         try:
             body = resp.json()

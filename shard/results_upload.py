@@ -34,7 +34,16 @@ from django.utils import timezone
 from common.constants import MAX_RESULT_FILE_BYTES, MAX_RESULT_FILES_PER_RUN, MAX_RESULT_REASON_CHARS, HQEStatus
 from common.network import request_failure
 from common.wire import clean_text
-from shard.client import HeartbeatClient, backoff, error_of, field_of, jittered, master_session
+from shard.client import (
+    HeartbeatClient,
+    MasterUnavailable,
+    backoff,
+    error_of,
+    field_of,
+    jittered,
+    master_session,
+    post_bytes,
+)
 from shard.config import SchedulerConfig
 from shard.executor import UnsafeFile, open_regular
 from shard.models import Run
@@ -47,10 +56,6 @@ ERROR_SUFFIX = ".error"
 # the database, and a transaction that commits late, must not hide a run.
 RESCAN_SLACK = timedelta(minutes=1)
 OVER_CAP = f"not sent: more than {MAX_RESULT_FILES_PER_RUN} result files in one run"
-
-
-class MasterUnavailable(Exception):
-    """This file cannot be handled now (master unreachable, 5xx, token refused): it stays for later."""
 
 
 @dataclass(frozen=True)
@@ -81,16 +86,7 @@ class Sender:
     def send(self, hqe_id: int, name: str, data: bytes) -> Verdict:
         # The name as the job wrote it, byte for byte: `requests` URL-encodes bytes, whatever they are.
         params: dict[str, str | bytes] = {"name": os.fsencode(name), "hqe": str(hqe_id)}
-        try:
-            resp = self.session.post(
-                self.url,
-                params=params,
-                data=data,
-                headers={"Content-Type": "application/octet-stream"},
-                timeout=self.timeout,
-            )
-        except requests.RequestException as exc:
-            raise MasterUnavailable(f"cannot reach the master: {request_failure(exc)}") from exc
+        resp = post_bytes(self.session, self.url, params, data, self.timeout)
         code = resp.status_code
         if code in (200, 201):
             return ARCHIVED
@@ -104,16 +100,7 @@ class Sender:
 
     def send_trace(self, hqe_id: int, data: bytes) -> Verdict:
         """Uploads the job's own trace.json for the master's timeline."""
-        try:
-            resp = self.session.post(
-                self.trace_url,
-                params={"hqe": str(hqe_id)},
-                data=data,
-                headers={"Content-Type": "application/octet-stream"},
-                timeout=self.timeout,
-            )
-        except requests.RequestException as exc:
-            raise MasterUnavailable(f"cannot reach the master: {request_failure(exc)}") from exc
+        resp = post_bytes(self.session, self.trace_url, {"hqe": str(hqe_id)}, data, self.timeout)
         code = resp.status_code
         if code in (200, 201):
             return ARCHIVED
