@@ -275,8 +275,8 @@ NOTED = (
 
 @dataclass(frozen=True)
 class _Statements:
-    """The SQL every heartbeat runs, written once: the ORM would build it anew each time, a third of a
-    quiet heartbeat's cost (docs/protocol.md, "Cost")."""
+    """The SQL every heartbeat runs, written once: building queries through the ORM was half of a
+    heartbeat's Python (docs/protocol.md, "Cost")."""
 
     note: str  # the heartbeat's bookkeeping, if the instance on record sent it
     note_new_instance: str
@@ -414,7 +414,8 @@ def _running_elsewhere(shard: Shard, host_ids: list[int]) -> set[int]:
 
 
 def process_heartbeat(shard: Shard, req: HeartbeatRequest) -> HeartbeatResponse:
-    """A heartbeat from `shard` (its id and hostname are read; the rest is read under its row lock)."""
+    """A heartbeat from `shard` (only its id and hostname are used: the shard's row is read and written
+    under its lock)."""
     now = timezone.now()
     if not req.updates and not req.host_events and connection.vendor == "postgresql":
         holdings = _quiet_heartbeat(shard.id, req, now)

@@ -37,9 +37,9 @@ MAX_WAITS_PER_SHARD = 4
 RECONNECT_S = 2.0
 # How often a held wait looks whether its client is still there (one that left frees its thread).
 GONE_CHECK_S = 2.0
-MAX_SOCKET_PATH = 107
+MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the final NUL
 # The share of a wait's timeout that may be cut at random (docs/protocol.md, "Waiting for news").
-WAIT_SPREAD = 0.25  # sun_path holds 108 bytes with the final NUL
+WAIT_SPREAD = 0.25
 
 
 class NewsUnavailable(Exception):

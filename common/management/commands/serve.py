@@ -64,7 +64,7 @@ def _start_background(worker: Any) -> None:
 
     signal.signal(signal.SIGTERM, on_term)
     # What the worker has loaded lives as long as it does: frozen, it is no longer scanned by the full
-    # collections that the objects of each request's parsed body set off (a tenth of a heartbeat's time).
+    # collections that the objects of each request's parsed body set off (a fifteenth of a heartbeat's time).
     gc.freeze()
 
 
