@@ -6,7 +6,10 @@ databases, all on loopback; submits jobs through the REST API (pass, fail, time 
 three hosts at once, named hosts) while faults chosen by a seeded RNG happen: the master SIGKILLed and
 restarted, database connections terminated, a shard SIGKILLed mid-job and restarted, a shard drained
 with SIGTERM and restarted, one shard's network cut for longer than three heartbeat intervals, and a
-copy of a shard's database started with the same token (which the master must refuse). Then it waits,
+copy of a shard's database started with the same token (which the master must refuse), a job that
+writes a poisoned result file (an overflowing median: the master refuses it with a 400, and the good
+files after it, and a later job's, still arrive), and a host deleted on the master while its last run's
+result files are on their way (they are stored without a host, none lost). Then it waits,
 bounded, for every job to end and checks, from the master's and the shards' own databases, that no
 job was lost, no HQE ran twice, master and shards agree, no outbox entry and no job process is left.
 
@@ -18,6 +21,7 @@ when every count of trouble is 0 and every fault passed.
 
 import argparse
 import contextlib
+import json
 import os
 import random
 import shutil
@@ -40,10 +44,19 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.support import (  # noqa: E402
+    Service,
+    copy_database,
+    create_database,
+    database_url,
+    manage_argv,
+    say,
+    setup_django,
+    terminate_backends,
+)
 from tests.shard.fleet import sql  # noqa: E402
 from tests.support import Role, drop_database, free_port, wait_until  # noqa: E402
 
-DEFAULT_PG = "postgres://postgres@127.0.0.1:5432/postgres"
 HEARTBEAT_S = 1.0
 MINUTE_S = 2.0
 TERMINAL = ("Completed", "Failed", "Aborted", "Expired")
@@ -57,7 +70,19 @@ FAULT_COUNTS = {
     "shard_drain": 1,
     "network_cut": 1,
     "database_copy": 1,
+    "poisoned_result": 1,
+    "host_deleted": 1,
 }
+# How long a fault waits for result files to reach the master (through the other faults' outages).
+RESULTS_WAIT_S = 150.0
+# Two repetitions of 1.7e308 s: their median overflows to infinity, which no database stores.
+POISON = (
+    '{"context": {"date": "2024-01-02T03:04:05Z", "executable": "/b/poison"}, "benchmarks": ['
+    + ", ".join(
+        ['{"name": "BM_P", "run_type": "iteration", "iterations": 1, "real_time": 1.7e308, "time_unit": "s"}'] * 2
+    )
+    + "]}"
+)
 SHARD_ENV = {
     "FLEETSHARD_SCHEDULER_TICK_S": "0.2",
     "FLEETSHARD_MINUTE_S": str(MINUTE_S),
@@ -67,140 +92,6 @@ SHARD_ENV = {
     "FLEETSHARD_REQUEST_TIMEOUT_S": "10",
     "FLEETSHARD_LOG_LEVEL": "INFO",
 }
-
-
-def configure_django() -> None:
-    """Django settings for this process, which only reach the PostgreSQL server (drop_database reads them).
-
-    Done in main(), not at import, so the tests can import the checks without touching their settings.
-    """
-    if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
-        os.environ["DATABASE_URL"] = DEFAULT_PG
-    os.environ.setdefault("FLEETSHARD_ROLE", "master")
-    os.environ.setdefault("FLEETSHARD_DATA_DIR", tempfile.mkdtemp(prefix="fleetshard-chaos-settings-"))
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "common.settings")
-    import django
-
-    django.setup()
-
-
-def say(text: str) -> None:
-    print(text, flush=True)
-
-
-# PostgreSQL.
-
-
-def admin_connection() -> Any:
-    """A connection to the server's maintenance database, for CREATE/DROP DATABASE and pg_terminate_backend."""
-    parts = urlsplit(os.environ["DATABASE_URL"])
-    conn = psycopg2.connect(
-        host=parts.hostname or "127.0.0.1",
-        port=parts.port or 5432,
-        user=parts.username or "postgres",
-        password=parts.password or None,
-        dbname="postgres",
-    )
-    conn.autocommit = True
-    return conn
-
-
-def database_url(name: str) -> str:
-    parts = urlsplit(os.environ["DATABASE_URL"])
-    return parts._replace(path="/" + name).geturl()
-
-
-def create_database(name: str, template: str | None = None) -> str:
-    conn = admin_connection()
-    try:
-        with conn.cursor() as cur:
-            cur.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
-    finally:
-        conn.close()
-    return database_url(name)
-
-
-def terminate_backends(dbname: str) -> int:
-    """Ends every connection to `dbname` but ours; returns how many there were."""
-    conn = admin_connection()
-    try:
-        with conn.cursor() as cur:
-            cur.execute(
-                "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE datname = %s AND pid <> pg_backend_pid()",
-                (dbname,),
-            )
-            return int(cur.fetchone()[0])
-    finally:
-        conn.close()
-
-
-def copy_database(source_url: str, target: str) -> str:
-    """pg_dump | psql into a new database while the source's shard runs (CREATE ... TEMPLATE would need it idle)."""
-    url = create_database(target)
-    dump = subprocess.Popen(["pg_dump", "--no-owner", source_url], stdout=subprocess.PIPE)
-    restore = subprocess.run(
-        ["psql", "-q", "-v", "ON_ERROR_STOP=1", url], stdin=dump.stdout, capture_output=True, timeout=120
-    )
-    assert dump.stdout is not None
-    dump.stdout.close()
-    if dump.wait(60) != 0 or restore.returncode != 0:
-        raise RuntimeError(f"copying the shard database failed: {restore.stderr.decode(errors='replace')[-500:]}")
-    return url
-
-
-# Processes.
-
-
-@dataclass
-class Service:
-    """One long-running process of the fleet (the master, a shard, the proxy) that faults stop and restart."""
-
-    name: str
-    argv: list[str]
-    env: dict[str, str]
-    log_path: Path
-    proc: subprocess.Popen[bytes] | None = None
-    starts: int = 0
-
-    def start(self) -> None:
-        with open(self.log_path, "ab") as log:
-            log.write(f"\n===== chaos: start #{self.starts + 1} of {self.name} =====\n".encode())
-            log.flush()
-            # A session of its own, so killing the master's group takes its gunicorn workers with it.
-            self.proc = subprocess.Popen(
-                self.argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        self.starts += 1
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill(self, group: bool) -> None:
-        """SIGKILL: the whole process group (gunicorn) or the process alone (a shard, whose jobs outlive it)."""
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            if group:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            else:
-                self.proc.kill()
-        self.proc.wait(30)
-
-    def terminate(self, timeout: float) -> int | None:
-        """SIGTERM and a bounded wait; SIGKILL to the group when it does not stop in time (then None)."""
-        if self.proc is None or self.proc.poll() is not None:
-            return None if self.proc is None else self.proc.returncode
-        self.proc.terminate()
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-            return None
-
-
-def manage_argv(*args: str) -> list[str]:
-    return [sys.executable, "manage.py", *args]
 
 
 @dataclass
@@ -336,6 +227,12 @@ def plan_jobs(rng: random.Random, count: int, shards: list[ShardSpec], marks: Pa
         spec["command"] = job_command(marks, tag, body)
         plans.append(JobPlan(spec["name"], kind, spec, abort_after))
     return plans
+
+
+def tf_json(test: str, start: int) -> str:
+    """A one-entry TensorFlow TestResults file (no quote a shell's single quotes would end)."""
+    entry = {"name": "BM_Step", "iters": "10", "wallTime": 0.5}
+    return json.dumps({"name": test, "startTime": str(start), "entries": {"entry": [entry]}})
 
 
 def startable_hqes(url: str) -> int:
@@ -651,6 +548,85 @@ class Chaos:
             f"exit {code}, 409 'running from another database'"
         )
 
+    # Faults of the results path: what reaches the master is checked on the master's database.
+
+    def results_job(self, name: str, shard: ShardSpec, files: dict[str, str], **spec: Any) -> int:
+        """A job (outside the run's plan and counts) that writes `files` into its results/ and ends."""
+        assert self.api is not None
+        writes = "; ".join(f"printf '%s' '{body}' > \"$R/{fname}\"" for fname, body in files.items())
+        command = f': {process_mark(self.tag)}; R="$FLEETSHARD_RESULTS_DIR/results"; mkdir -p "$R"; {writes}'
+        body = {"name": name, "command": command, "meta_hosts": [f"{shard.label}*1"], **spec}
+        return self.api.create_job(body)
+
+    def stored_tests(self, prefix: str) -> list[tuple[str, int | None]]:
+        return sql(
+            database_url(self.master_db),
+            "SELECT test, host_id FROM master_testrun WHERE test LIKE %s ORDER BY test",
+            (f"{prefix}%",),
+        )
+
+    def fault_poisoned_result(self) -> str:
+        """A job writes a file the master cannot store and a good one after it; a later job writes a good
+        one: the poisoned file is refused (400) and quarantined, and both good files arrive."""
+        shard = self.rng.choice(self.shards)
+        prefix = f"poison-{self.tag}-"
+        first = self.results_job(
+            f"fault-{self.tag}-poisoned",
+            shard,
+            {"a-poison.json": POISON, "b-good.json": tf_json(prefix + "1", 1_700_000_001)},
+        )
+        self.results_job(f"fault-{self.tag}-after", shard, {"r.json": tf_json(prefix + "2", 1_700_000_002)})
+        wait_until(
+            lambda: len(self.stored_tests(prefix)) == 2, timeout=RESULTS_WAIT_S, what="the good result files stored"
+        )
+        refused = sql(
+            database_url(self.master_db),
+            "SELECT r.reason FROM master_rejectedresult r JOIN common_hostqueueentry q ON q.id = r.hqe_id "
+            "WHERE q.job_id = %s AND r.name = 'a-poison.json'",
+            (first,),
+        )
+        if not refused or "not a finite number" not in refused[0][0]:
+            raise RuntimeError(f"the poisoned file's refusal was not recorded as expected: {refused}")
+        return (
+            f"a poisoned result file on {shard.name} refused ({refused[0][0][:80]}); the 2 good files after it stored"
+        )
+
+    def fault_host_deleted(self) -> str:
+        """A host of its own runs a job writing many result files, and is deleted on the master the moment
+        the run ends there: its results, in flight, are stored without a host; none is lost."""
+        assert self.api is not None
+        shard = self.rng.choice([s for s in self.shards if not s.proxied])
+        host = f"gone-{self.tag}"
+        # A label of its own (the shard's): no job of the plan can start there before it is deleted.
+        label = f"board:{self.tag}-gone"
+        self.api.ok("POST", "labels/", {"names": [label]})
+        self.api.ok("POST", f"shards/{shard.name}/add_labels/", {"labels": [label]})
+        self.api.ok("POST", "hosts/", {"hostnames": [host], "labels": [label]})
+        prefix = f"gone-{self.tag}-"
+        files = {f"r{n:02d}.json": tf_json(f"{prefix}{n:02d}", 1_700_000_100 + n) for n in range(40)}
+        job = self.results_job(f"fault-{self.tag}-gone", shard, files, meta_hosts=[], hosts=[host])
+        ended = f"SELECT status FROM common_hostqueueentry WHERE job_id = {int(job)}"
+        wait_until(
+            lambda: sql(database_url(self.master_db), ended)[0][0] in TERMINAL,
+            timeout=RESULTS_WAIT_S,
+            interval=0.02,
+            what="the host's run to end",
+        )
+        wait_until(
+            lambda: self.api is not None and self.api.call("DELETE", f"hosts/{host}/").status_code == 204,
+            timeout=RESULTS_WAIT_S,
+            interval=0.05,
+            what=f"{host} deleted",
+        )
+        wait_until(
+            lambda: len(self.stored_tests(prefix)) == len(files),
+            timeout=RESULTS_WAIT_S,
+            what="every result file stored",
+        )
+        without = sum(1 for _, host_id in self.stored_tests(prefix) if host_id is None)
+        stored = f"{len(files)} result files stored, {without} without a host"
+        return f"{host} on {shard.name} deleted as its run ended: {stored}"
+
     # The main loop.
 
     def drive(self) -> None:
@@ -888,7 +864,9 @@ def main() -> int:
         help="report this kind of finding but do not fail on it (a known defect fixed elsewhere)",
     )
     args = parser.parse_args()
-    configure_django()
+    # Django settings for this process, which only reach the PostgreSQL server (drop_database reads them):
+    # here, not at import, so the tests can import the checks without touching their settings.
+    setup_django("master", postgres=True, prefix="fleetshard-chaos-settings-")
     if args.hosts < 3:
         parser.error("--hosts must be at least 3: jobs with three HQEs need three hosts on one shard")
     if args.seed is None:

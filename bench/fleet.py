@@ -37,7 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.chaos import DEFAULT_PG, admin_connection, create_database, say  # noqa: E402
+from bench.support import DEFAULT_PG, admin_connection, create_database, say  # noqa: E402
 
 # A minimal HTTP/1.1 client: one connection, keep-alive, Content-Length or chunked bodies.
 
@@ -428,7 +428,7 @@ def main() -> None:
         DATABASE_URL=url,
         FLEETSHARD_ROLE="master",
         FLEETSHARD_DATA_DIR=str(data_dir),
-        DJANGO_SETTINGS_MODULE="common.settings",
+        DJANGO_SETTINGS_MODULE="server.settings",
         FLEETSHARD_HEARTBEAT_INTERVAL_S=str(args.interval),
         FLEETSHARD_DETECT_IN_SERVE="0",
         SECRET_KEY="fleet-bench",

@@ -7,20 +7,15 @@ Run: `.venv/bin/python bench/heartbeat.py [SIZES...]` (default 10 100 1000). It 
 import json
 import os
 import sys
-import tempfile
 import time
 import tracemalloc
 import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ["FLEETSHARD_ROLE"] = "master"
-os.environ.setdefault("FLEETSHARD_DATA_DIR", tempfile.mkdtemp(prefix="fleetshard-bench-"))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "common.settings")
+from bench.support import setup_django  # noqa: E402
 
-import django  # noqa: E402
-
-django.setup()
+setup_django("master")
 
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402

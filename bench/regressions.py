@@ -1,8 +1,8 @@
 """How well regressions are found: fleetshard's detector against a Perfherder-style t-test baseline.
 
 Run: `.venv/bin/python bench/regressions.py [--flat 500] [--steps 500] [--seed 1]`. Prints a markdown
-table (the README's) and the run time. The detector's thresholds were tuned on seeds 3, 4 and 7-10;
-the README reports seeds 1, 2, 5 and 6, which tuning never looked at.
+table (docs/benchmarks.md's) and the run time. The detector's thresholds were tuned on seeds 3, 4 and 7-10;
+docs/benchmarks.md reports seeds 1, 2, 5 and 6, which tuning never looked at.
 
 The corpus is seeded: series of 100 timings with normal noise of 2-10% of the level, 1% outliers
 (x1.3-3 slower, or x0.5-0.8 faster, one in five), and, in half of them, one step up of 5-20% at a
@@ -38,7 +38,14 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from master.results.changepoint import regressions  # noqa: E402
+from master.results.changepoint import (  # noqa: E402
+    NOTIFY_AFTER,
+    NOTIFY_HELD,
+    NOTIFY_HELD_SCORE,
+    NOTIFY_SCORE,
+    regressions,
+    worth_notifying,
+)
 
 LENGTH = 100
 MATCH = 10
@@ -229,6 +236,30 @@ def measure(detect: Detector, series: list[Series], *, online: bool = True) -> F
     )
 
 
+def notified(series: list[Series]) -> tuple[float, float | None, float]:
+    """What `regression.new` does, run after every upload as the master runs the detector: the share of
+    flat series notified at some prefix ("notified false alarms"), the median delay in points from the
+    step to the notification, and the share of steps notified within MATCH points of their place. A
+    regression is notified once the master's rule (changepoint.worth_notifying) confirms it."""
+
+    def confirmed(values: np.ndarray, end: int, near: int | None = None) -> bool:
+        return any(
+            (near is None or abs(st.index - near) <= MATCH) and worth_notifying(values[:end], st)
+            for st in regressions(values[:end])
+        )
+
+    flat = [s for s in series if s.step is None]
+    stepped = [s for s in series if s.step is not None]
+    alarms = sum(any(confirmed(s.values, end) for end in range(ONLINE_FROM, LENGTH + 1)) for s in flat)
+    delays = []
+    for s in stepped:
+        assert s.step is not None
+        first = next((end for end in range(s.step + 1, LENGTH + 1) if confirmed(s.values, end, s.step)), None)
+        if first is not None:
+            delays.append(first - s.step)
+    return alarms / len(flat), float(np.median(delays)) if delays else None, len(delays) / len(stepped)
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
@@ -335,12 +366,26 @@ def main() -> None:
         metavar="N",
         help="also compare the methods considered (E-Divisive, windowed Mann-Whitney) on N series of each kind",
     )
+    parser.add_argument(
+        "--notifications-only", action="store_true", help="only the notification figures (a quarter of the time)"
+    )
     args = parser.parse_args()
     started = time.monotonic()
     series = corpus(args.seed, args.flat, args.steps)
     detectors: dict[str, Detector] = {"fleetshard": fleetshard, "t-test 12/12, t > 7": ttest_baseline}
-    results = {name: measure(detect, series) for name, detect in detectors.items()}
-    print(table(results, args.flat, args.steps))
+    if not args.notifications_only:
+        results = {name: measure(detect, series) for name, detect in detectors.items()}
+        print(table(results, args.flat, args.steps))
+    alarms, delay, share = notified(series)
+    print(
+        f"\nNotifications (regression.new from {NOTIFY_AFTER} points after the step, at a score of {NOTIFY_SCORE}, "
+        f"or of {NOTIFY_HELD_SCORE} on the last {NOTIFY_HELD} uploads): "
+        f"notified false alarms {_pct(alarms)} of flat series (target <= 1%); steps notified {_pct(share)}, a median "
+        f"{'-' if delay is None else f'{delay:.0f}'} points after the step."
+    )
+    if args.notifications_only:
+        print(f"\nRun time: {time.monotonic() - started:.1f} s (seed {args.seed})")
+        return
     recall, located, raised = oracle_bounds(series)
     print(
         f"\nOracle bounds at 1% false alarms (true level, noise and size known): recall {_pct(recall)}, "

@@ -35,7 +35,7 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.chaos import DEFAULT_PG, Service, admin_connection, create_database, manage_argv  # noqa: E402
+from bench.support import DEFAULT_PG, Service, admin_connection, create_database, manage_argv  # noqa: E402
 from tests.support import Role, free_port, wait_until  # noqa: E402
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)

@@ -13,14 +13,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ["FLEETSHARD_ROLE"] = "shard"
 os.environ.setdefault("FLEETSHARD_LOG_LEVEL", "WARNING")
-os.environ.setdefault("FLEETSHARD_DATA_DIR", tempfile.mkdtemp(prefix="fleetshard-bench-"))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "common.settings")
+from bench.support import setup_django  # noqa: E402
 
-import django  # noqa: E402
-
-django.setup()
+setup_django("shard")
 
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
@@ -30,9 +26,9 @@ from django.utils import timezone  # noqa: E402
 from common.models import HostQueueEntry  # noqa: E402
 from common.wire import HeartbeatResponse, format_time  # noqa: E402
 from shard.config import SchedulerConfig  # noqa: E402
-from shard.ingest import apply_response  # noqa: E402
 from shard.models import HostState  # noqa: E402
-from shard.scheduler import Scheduler  # noqa: E402
+from shard.run.scheduler import Scheduler  # noqa: E402
+from shard.sync.ingest import apply_response  # noqa: E402
 
 _next_id = {"host": 1_000_000, "job": 1_000_000}
 

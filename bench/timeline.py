@@ -10,7 +10,6 @@ Targets (issue 12): at most 10 s, 10 MB gzipped, 150 MB peak memory.
 import argparse
 import gzip
 import json
-import os
 import resource
 import subprocess
 import sys
@@ -19,13 +18,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ["FLEETSHARD_ROLE"] = "master"
-os.environ.setdefault("FLEETSHARD_DATA_DIR", tempfile.mkdtemp(prefix="fleetshard-bench-"))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "common.settings")
+from bench.support import setup_django  # noqa: E402
 
-import django  # noqa: E402
-
-django.setup()
+setup_django("master")
 
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
@@ -35,7 +30,7 @@ from common.models import Host  # noqa: E402
 from master import services  # noqa: E402
 from master.timeline.export import write_trace  # noqa: E402
 from master.timeline.query import scope  # noqa: E402
-from master.timeline.validate import Validator, iter_events  # noqa: E402
+from tests.master.timeline.validate import Validator, iter_events  # noqa: E402
 
 SHARDS, HOSTS_PER_SHARD, SLOT_S = 4, 50, 600
 

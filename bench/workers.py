@@ -9,7 +9,6 @@ zero workers, creates one job and times, from the job's `created_on`: the manage
 """
 
 import argparse
-import os
 import re
 import statistics
 import sys
@@ -20,20 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-DEFAULT_PG = "postgres://postgres@127.0.0.1:5432/postgres"
+from bench.support import setup_django  # noqa: E402
+
 TICK_S = 2.0
 STARTED = re.compile(r"^(\S+ \S+) INFO shard.worker_manager: started \w+ worker")
-
-
-def configure_django() -> None:
-    if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
-        os.environ["DATABASE_URL"] = DEFAULT_PG
-    os.environ.setdefault("FLEETSHARD_ROLE", "master")
-    os.environ.setdefault("FLEETSHARD_DATA_DIR", tempfile.mkdtemp(prefix="fleetshard-bench-workers-"))
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "common.settings")
-    import django
-
-    django.setup()
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -104,7 +93,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--backend", action="append", choices=["local", "slurm"])
     options = parser.parse_args()
-    configure_django()
+    setup_django("master", postgres=True, prefix="fleetshard-bench-workers-")
     from tests.e2e.slurm import running_slurm, unavailable
     from tests.support import Master, Role, drop_database, free_port, fresh_database_url, stop, wait_until
 

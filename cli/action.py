@@ -9,9 +9,10 @@ from urllib.parse import urlsplit
 import click
 
 from cli.client import DEFAULT_SERVER, Api
-from cli.output import Column, emit_json, printable, table
+from cli.output import Clock, Column, emit_json, printable, table
 
 JSON_HELP = "Print JSON instead of a table (before or after the action)."
+UTC_HELP = "Show times in UTC rather than local time [env FLEETSHARD_UTC]; JSON is always ISO 8601 UTC."
 
 
 def check_server(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -69,13 +70,15 @@ def action(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Adds --json, --server and --token to an action; the action's own --server/--token beat the global ones."""
 
     @functools.wraps(fn)
-    def wrapper(*args: Any, as_json: bool, server: str | None, token: str | None, **kwargs: Any) -> Any:
+    def wrapper(*args: Any, as_json: bool, server: str | None, token: str | None, utc: bool, **kwargs: Any) -> Any:
         ctx = click.get_current_context()
         root = ctx.find_root().params
+        Clock.utc = utc or bool(root.get("utc"))
         api = Api(server or root.get("server") or DEFAULT_SERVER, token or root.get("token"))
         json_before = bool(root.get("as_json")) or bool(ctx.meta.get(_JSON_BEFORE))
         return fn(Run(api, as_json or json_before), *args, **kwargs)
 
+    wrapper = click.option("--utc", is_flag=True, help=UTC_HELP)(wrapper)
     wrapper = click.option("--token", metavar="TOKEN", help="API token (overrides FLEETSHARD_TOKEN).")(wrapper)
     wrapper = click.option(
         "--server", metavar="URL", callback=check_server, help="Master URL (overrides FLEETSHARD_SERVER)."

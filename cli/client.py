@@ -29,7 +29,15 @@ class CliError(click.ClickException):
 
 def segment(name: str | int) -> str:
     """A name as one path segment: label names hold ':' and hostnames may hold anything but '/'."""
-    return quote(str(name), safe="")
+    try:
+        return quote(str(name), safe="")
+    except UnicodeEncodeError:
+        raise CliError(not_utf8(str(name))) from None
+
+
+def not_utf8(text: str) -> str:
+    """Said of an argument with a byte the terminal's encoding could not read (a surrogate in argv)."""
+    return f"{text[:80]!r} is not valid UTF-8: nothing was sent"
 
 
 def _retrying_session() -> requests.Session:
@@ -95,6 +103,9 @@ class Api:
             )
         except requests.exceptions.RequestException as exc:
             raise self._unreachable(exc) from None
+        except UnicodeEncodeError as exc:
+            # A byte the terminal's encoding could not read (argv's surrogates), in a query or a path.
+            raise CliError(not_utf8(exc.object if isinstance(exc.object, str) else "")) from None
         return self._result(resp)
 
     def _unreachable(self, exc: requests.exceptions.RequestException, broke_off: bool = False) -> CliError:

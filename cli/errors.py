@@ -2,11 +2,15 @@
 
 0 success; 1 an action failed (the master refused it, or could not be reached); 2 bad usage, found
 before anything was sent (an unknown option, a malformed value the master would refuse by its syntax
-alone); 124 `job wait --timeout` ran out first (as timeout(1) does); 130 interrupted (Ctrl-C).
+alone); 75 `job log` printed a log its shard has not finished shipping although the entry ended
+(sysexits' EX_TEMPFAIL: try again later); 124 `job wait --timeout` ran out first (as timeout(1)
+does); 130 interrupted (Ctrl-C).
 Every failure is one line on stderr, `Error: ...` (`interrupted` for Ctrl-C), and nothing on stdout.
+A reader that left the pipe (`| head`) ends the command quietly, by SIGPIPE (141 in a shell).
 """
 
 import os
+import signal
 import sys
 from typing import Any, NoReturn
 
@@ -17,6 +21,7 @@ from cli.output import printable
 OK = 0
 FAILED = 1
 USAGE = 2
+INCOMPLETE = 75
 TIMED_OUT = 124
 INTERRUPTED = 130
 
@@ -66,9 +71,14 @@ def finish(exc: BaseException) -> NoReturn:
 
 def reader_gone() -> NoReturn:
     """stdout's reader left (`fleetshard job list | head -1`): nothing to say, and nothing more to write.
-    stdout points at /dev/null so the interpreter's last flush does not fail again."""
+    It ends as any Unix filter does there, by SIGPIPE (status 141 in a shell), so `set -o pipefail`
+    scripts see what they see of `cat`. stdout points at /dev/null first, so that if the signal
+    cannot end it the interpreter's last flush does not fail again."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
+    if hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGPIPE)
     sys.exit(FAILED)
 
 

@@ -1,5 +1,6 @@
 """Lists given as "a,b" options, repeated options, arguments and -M/-B files (one or more names a line)."""
 
+import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -80,3 +81,14 @@ def checked(parse: Callable[[str], Any]) -> Callable[[click.Context, click.Param
         return value
 
     return callback
+
+
+class Number(click.FloatRange):
+    """A FloatRange that also refuses nan and inf: its bounds let nan through (no comparison holds),
+    and `--timeout nan` waited for ever, `--interval inf` was a traceback from time.sleep."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number

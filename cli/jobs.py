@@ -1,5 +1,6 @@
 """`fleetshard job ...`: a command to run on one or more hosts of one shard."""
 
+import os
 import sys
 import time
 from collections import Counter
@@ -8,12 +9,16 @@ from typing import Any
 import click
 
 from cli.action import Run, action
+from cli.blobs import prepare_inputs
 from cli.client import CliError
 from cli.errors import TIMED_OUT
-from cli.inputs import HOSTS_FILE, Id, checked, key_values, read_list, split
-from cli.job_log import job_log
-from cli.output import Column, fields, names, table, when
+from cli.inputs import HOSTS_FILE, Id, Number, checked, key_values, read_list, split
+from cli.job_artifacts import job_artifacts
+from cli.job_log import LogReader, job_log
+from cli.output import Column, fields, one_line, plural, table, when
+from common.ab import make_plan, parse_repeat, variant_input_name
 from common.constants import DEFAULT_MAX_RUNTIME_MINS, DEFAULT_TIMEOUT_MINS, JobStatus
+from common.errors import FleetshardError
 from common.syntax import parse_meta_hosts, parse_priority
 
 JOB_ID = Id("job")
@@ -48,6 +53,7 @@ def job() -> None:
 
 
 job.add_command(job_log)
+job.add_command(job_artifacts)
 
 
 @job.command("create")
@@ -89,6 +95,30 @@ job.add_command(job_log)
 )
 @click.option("-k", "--keyval", "keyvals", multiple=True, metavar="KEY=VALUE", help="A keyval for the job.")
 @click.option("--parent", type=JOB_ID, metavar="ID", help="The parent (suite) job.")
+@click.option(
+    "--input",
+    "inputs",
+    multiple=True,
+    metavar="PATH[:NAME]",
+    help="A file or directory the runs read at $FLEETSHARD_INPUT_DIR/NAME (uploaded if the master lacks it).",
+)
+@click.option(
+    "--variant",
+    "variants",
+    multiple=True,
+    metavar="NAME[=PATH]",
+    help="An A/B job: give two, the baseline first; each run gets FLEETSHARD_VARIANT=NAME.",
+)
+@click.option(
+    "--repeat",
+    metavar="N|auto[:MAX]",
+    callback=checked(parse_repeat),
+    help="With --variant: runs of each variant, alternating (default 1); auto: until every entry is decided.",
+)
+@click.option("--revision", metavar="REV", help="What the job measures; its results carry it.")
+@click.option("--wait", is_flag=True, help="Then wait for the job's end: exit 0 Completed, 1 not, 124 --timeout.")
+@click.option("--follow", is_flag=True, help="Then print its log as it comes (entry by entry); exit as --wait.")
+@click.option("--timeout", type=Number(min=0), metavar="SECONDS", help="With --wait/--follow: give up after.")
 @action
 def job_create(
     run: Run,
@@ -103,11 +133,29 @@ def job_create(
     max_runtime_mins: int,
     keyvals: tuple[str, ...],
     parent: int | None,
+    variants: tuple[str, ...],
+    repeat: str | None,
+    revision: str | None,
+    inputs: tuple[str, ...],
+    wait: bool,
+    follow: bool,
+    timeout: float | None,
 ) -> None:
-    """Create a job; it goes to the one shard that can run all of it."""
+    """Create a job; it goes to the one shard that can run all of it.
+
+    With --wait or --follow the command lasts as long as the job and exits with its outcome, as `job
+    wait` does: 0 Completed, 1 Failed or Aborted (or Expired), 124 when --timeout ran out first."""
+    if timeout is not None and not (wait or follow):
+        raise click.UsageError("--timeout needs --wait or --follow")
     host_list_ = [*split(hosts), *read_list(host_file)]
     if bool(meta_hosts) == bool(host_list_):
         raise click.UsageError("give either -m LABEL[*N] or --hosts HOST (or -M FILE), not both nor neither")
+    ab = ab_fields(variants, repeat)
+    # A variant's PATH travels as the job's input `variant+NAME` (docs/design.md, "A/B runs").
+    inputs += tuple(
+        f"{path}:{variant_input_name(name)}" for name, _, path in (v.partition("=") for v in variants) if path
+    )
+    input_list = prepare_inputs(run.api, inputs) if inputs else []
     body = {
         "name": name,
         "command": command,
@@ -119,26 +167,111 @@ def job_create(
         "max_runtime_mins": max_runtime_mins,
         "keyvals": key_values(keyvals, "-k"),
         "parent": parent,
+        **ab,
+        **({"revision": revision} if revision is not None else {}),
+        **({"inputs": input_list} if input_list else {}),
     }
     obj = run.api.post("/jobs/", body)
+    said = created_line(obj)
+    submitted(run, obj, said, wait, follow, timeout)
+
+
+def submitted(run: Run, obj: dict[str, Any], said: str, wait: bool, follow: bool, timeout: float | None) -> None:
+    """Says a job was created; with --wait or --follow, waits for it (streaming its log) and exits with
+    its outcome."""
+    if not (wait or follow):
+        run.done(obj, said)
+        return
+    deadline = None if timeout is None else time.monotonic() + timeout
+    # Scripts get one JSON document, the outcome (so --follow waits as --wait does); people read what
+    # was created at once.
+    follow = follow and not run.as_json
+    if not run.as_json:
+        click.echo(said, err=follow)
+    if follow:
+        follow_entries(run, obj, deadline, timeout)
+    await_jobs(run, [obj["id"]], deadline, timeout, interval=1.0, table_out=not follow)
+
+
+def created_line(obj: dict[str, Any]) -> str:
     entries = len(obj["hqes"])
-    run.done(
-        obj,
-        f"Created job {obj['id']} ({obj['name']}) on shard {obj['shard']}: "
-        f"{entries} host queue entr{'y' if entries == 1 else 'ies'}, priority {obj['priority']}",
+    again = f", a rerun of job {obj['rerun_of']}," if obj.get("rerun_of") else ""
+    return (
+        f"Created job {obj['id']} ({obj['name']}){again} on shard {obj['shard']}: "
+        f"{entries} host queue entr{'y' if entries == 1 else 'ies'}, priority {obj['priority']}"
     )
+
+
+def ab_fields(variants: tuple[str, ...], repeat: str | None) -> dict[str, Any]:
+    """`--variant NAME[=PATH]` twice and `--repeat` as the API's `variants` and `repeat`, refused as bad
+    usage before anything is sent when the master would refuse them too."""
+    if not variants:
+        if repeat is not None:
+            raise click.UsageError("--repeat needs --variant: only an A/B job repeats its runs")
+        return {}
+    names = []
+    for text in variants:
+        name, _, path = text.partition("=")
+        # os.path.exists, not Path.exists: a path too long or unreadable is "not there", not a traceback.
+        if path and not os.path.exists(path):
+            shown = text if len(text) <= 200 else f"{text[:200]}..."
+            raise click.UsageError(f"--variant {shown}: {shown.partition('=')[2]} does not exist")
+        names.append(name)
+    count, auto = parse_repeat(repeat) if repeat is not None else (1, False)
+    try:
+        make_plan(names, count, auto=auto)
+    except FleetshardError as exc:
+        raise click.UsageError(exc.message) from None
+    return {"variants": names, **({"repeat": repeat} if repeat is not None else {})}
+
+
+@job.command("rerun")
+@click.argument("job_id", metavar="ID", type=JOB_ID)
+@click.option("--wait", is_flag=True, help="Then wait for the new job's end: exit 0 Completed, 1 not, 124 --timeout.")
+@click.option("--follow", is_flag=True, help="Then print its log as it comes; exit as --wait.")
+@click.option("--timeout", type=Number(min=0), metavar="SECONDS", help="With --wait/--follow: give up after.")
+@action
+def job_rerun(run: Run, job_id: int, wait: bool, follow: bool, timeout: float | None) -> None:
+    """Run a job again: a new job with the same spec (command, hosts or meta-hosts, priority...), yours."""
+    if timeout is not None and not (wait or follow):
+        raise click.UsageError("--timeout needs --wait or --follow")
+    obj = run.api.post(f"/jobs/{job_id}/rerun/")
+    submitted(run, obj, created_line(obj), wait, follow, timeout)
+
+
+def follow_entries(run: Run, job: dict[str, Any], deadline: float | None, timeout: float | None) -> None:
+    """Each entry's log in turn, as it comes: the first from its start, the next ones from what they
+    have by then (they ran side by side) to their end."""
+    several = len(job["hqes"]) > 1
+    for hqe in job["hqes"]:
+        if several:
+            click.echo(f"[fleetshard] job {job['id']} entry {hqe['id']}:", err=True)
+        reader = LogReader(Run(run.api, False), job["id"], hqe["id"], deadline=deadline, timeout=timeout)
+        reader.follow(quiet=True)
 
 
 @job.command("list")
 @click.option("--status", type=click.Choice(JobStatus.ALL, case_sensitive=False), help="Only jobs in this status.")
 @click.option("--owner", metavar="USER", help="Only jobs of this owner.")
 @click.option("--shard", metavar="SHARD", help="Only jobs of this shard.")
+@click.option("--name", metavar="PATTERN", help="Only jobs whose name matches: * any characters, ? one.")
+@click.option("--since", metavar="WHEN", help="Only jobs created since an ISO time or within an age (90m, 24h, 7d).")
 @click.option("--limit", type=click.IntRange(min=0), default=200, show_default=True, help="Newest N jobs; 0: all.")
 @action
-def job_list(run: Run, status: str | None, owner: str | None, shard: str | None, limit: int) -> None:
+def job_list(
+    run: Run,
+    status: str | None,
+    owner: str | None,
+    shard: str | None,
+    name: str | None,
+    since: str | None,
+    limit: int,
+) -> None:
     """List jobs, newest first."""
     status = next((s for s in JobStatus.ALL if status and s.lower() == status.lower()), None)
-    jobs = run.api.list("/jobs/", limit=limit or None, status=status, owner=owner, shard=shard)
+    jobs = run.api.list(
+        "/jobs/", limit=limit or None, status=status, owner=owner, shard=shard, name_like=name, since=since
+    )
     if len(jobs) < run.api.total:
         click.echo(f"(the newest {len(jobs)} of {run.api.total} jobs; --limit 0 shows all)", err=True)
     run.rows(jobs, JOB_COLUMNS, "jobs")
@@ -162,25 +295,48 @@ def job_stat(run: Run, job_id: int) -> None:
         ("Dependencies", "dependency_labels"),
         ("Keyvals", "keyvals"),
         ("Parent", "parent"),
+        ("Rerun of", "rerun_of"),
         ("Aborted", "aborted"),
+        ("Inputs", "inputs"),
     ]
+    shown = {**obj, "inputs": input_list_text(obj.get("inputs") or [])}
     run.done(
         obj,
         lambda: (
-            fields(obj, keys)
+            fields(shown, keys)
             + "\n\n"
             + table(obj["hqes"], HQE_COLUMNS)
+            + results_of(obj["hqes"], run.api.server)
             + quarantined(obj["hqes"])
             + log_tails(obj["hqes"])
         ),
     )
 
 
+def input_list_text(inputs: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{i['name']} ({i['kind']}, {i['size']} bytes, sha256 {i['digest'][:12]})" for i in inputs)
+
+
+def results_of(hqes: list[dict[str, Any]], server: str) -> str:
+    """What each entry's result files stored, by test, with the admin page charting the test."""
+    lines = []
+    for hqe in hqes:
+        for test in hqe.get("result_tests") or []:
+            runs, entries = test["runs"], test["entries"]
+            lines.append(
+                f"  entry {hqe['id']} ({hqe.get('host') or '-'}): {test['test']}: "
+                f"{runs} run{'s' if runs != 1 else ''}, "
+                f"{entries} entr{'y' if entries == 1 else 'ies'}; chart: {server}{test['chart']}"
+            )
+    return "\n\nResults:\n" + "\n".join(lines) if lines else ""
+
+
 def quarantined(hqes: list[dict[str, Any]]) -> str:
     """Result files set aside (by the master or the shard), and why: the job still completed, their
     numbers did not arrive."""
     lines = [
-        f"  entry {hqe['id']} ({hqe.get('host') or '-'}): {item['name']}: {item['reason']}"
+        f"  entry {hqe['id']} ({hqe.get('host') or '-'}): {one_line(item['name'])}: "
+        + one_line(item["reason"].removeprefix(f"{item['name']}: "))
         for hqe in hqes
         for item in hqe.get("quarantined") or []
     ]
@@ -204,8 +360,15 @@ def log_tails(hqes: list[dict[str, Any]], lines: int = 20) -> str:
 @action
 def job_abort(run: Run, job_ids: tuple[int, ...]) -> None:
     """Abort jobs (yours, or any if you are staff); their shard stops them."""
-    jobs = run.api.post("/jobs/abort/", {"ids": list(dict.fromkeys(job_ids))})
-    run.done({"jobs": jobs}, f"Aborted jobs: {names(jobs, 'id')} (their shard stops them at its next heartbeat)")
+    wanted = list(dict.fromkeys(job_ids))
+    before = {j["id"]: j["aborted"] for j in run.api.list("/jobs/", ids=",".join(map(str, wanted)))}
+    jobs = run.api.post("/jobs/abort/", {"ids": wanted})
+    fresh = [j["id"] for j in jobs if not before.get(j["id"])]
+    again = [j["id"] for j in jobs if before.get(j["id"])]
+    parts = [f"Aborted {plural('job', fresh)}"] if fresh else []
+    if again:
+        parts.append(f"{plural('job', again)} {'was' if len(again) == 1 else 'were'} already aborted")
+    run.done({"jobs": jobs}, "; ".join(parts) + " (their shard stops them at its next heartbeat)")
 
 
 def _progress(jobs: list[dict[str, Any]]) -> str:
@@ -217,17 +380,23 @@ def _progress(jobs: list[dict[str, Any]]) -> str:
 
 @job.command("wait")
 @click.argument("job_ids", metavar="ID...", nargs=-1, required=True, type=JOB_ID)
-@click.option("--timeout", type=click.FloatRange(min=0), metavar="SECONDS", help="Give up after SECONDS.")
-@click.option(
-    "--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True, help="Seconds between polls."
-)
+@click.option("--timeout", type=Number(min=0), metavar="SECONDS", help="Give up after SECONDS.")
+@click.option("--interval", type=Number(min=0.1), default=2.0, show_default=True, help="Seconds between polls.")
 @action
 def job_wait(run: Run, job_ids: tuple[int, ...], timeout: float | None, interval: float) -> None:
     """Wait for jobs to finish; exit status 1 unless every one Completed, 124 when --timeout ran out first.
 
     Ctrl-C stops waiting (exit status 130); the jobs go on."""
-    wanted = list(dict.fromkeys(job_ids))
     deadline = None if timeout is None else time.monotonic() + timeout
+    await_jobs(run, list(dict.fromkeys(job_ids)), deadline, timeout, interval)
+
+
+def await_jobs(
+    run: Run, wanted: list[int], deadline: float | None, timeout: float | None, interval: float, table_out: bool = True
+) -> None:
+    """Polls until the jobs ended or the deadline passed, then says how they ended; raises (exit 1 or
+    124) unless every one Completed. `table_out` False: stdout holds a log, so only stderr's progress
+    line says it."""
     live = sys.stderr.isatty()
     try:
         jobs, timed_out = _poll(run, wanted, deadline, interval, live)
@@ -239,7 +408,8 @@ def job_wait(run: Run, job_ids: tuple[int, ...], timeout: float | None, interval
         click.echo("", err=True)
     jobs.sort(key=lambda j: wanted.index(j["id"]))
     completed = all(j["status"] == JobStatus.COMPLETED for j in jobs)
-    run.done({"jobs": jobs, "completed": completed, "timed_out": timed_out}, lambda: table(jobs, JOB_COLUMNS))
+    if table_out or run.as_json:
+        run.done({"jobs": jobs, "completed": completed, "timed_out": timed_out}, lambda: table(jobs, JOB_COLUMNS))
     if timed_out:
         pending = ", ".join(f"{j['id']} ({j['status']})" for j in jobs if j["status"] not in FINISHED)
         raise CliError(f"timed out after {timeout:g} s; not finished: job {pending}", exit_code=TIMED_OUT)

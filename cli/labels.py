@@ -49,9 +49,14 @@ def _label_hosts(run: Run, verb: str, name: str, hosts: tuple[str, ...], host_fi
     hostnames = need([*split(hosts), *read_list(host_file)], "host (-m HOST[,HOST] or -M FILE)")
     result = run.api.post(f"/labels/{segment(name)}/{verb}_hosts/", {"hosts": hostnames})
     preposition = "to" if verb == "add" else "from"
-    listed = names(result["hosts"], "hostname")
-    text = f"{'Added' if verb == 'add' else 'Removed'} label {name} {preposition} hosts: {listed}"
-    run.done(result, with_moves(text, result["hosts_moved"]))
+    unchanged = result.get("unchanged") or []
+    done = [h["hostname"] for h in result["hosts"] if h["hostname"] not in unchanged]
+    parts = []
+    if done:
+        parts.append(f"{'Added' if verb == 'add' else 'Removed'} label {name} {preposition} hosts: {', '.join(done)}")
+    if unchanged:
+        parts.append(f"{plural('host', unchanged)} already had label {name}: nothing to do")
+    run.done(result, with_moves("; ".join(parts), result["hosts_moved"]))
 
 
 @label.command("add")

@@ -3,6 +3,7 @@
 import json
 import re
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -21,17 +22,58 @@ def printable(text: str) -> str:
     return _TERMINAL_CONTROLS.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
+# In a table cell, also the tab and newline that `printable` keeps: a newline in a job's name would
+# print a row of the name's choosing.
+_CELL_BREAKS = re.compile("[\t\n]")
+
+
+def one_line(text: str) -> str:
+    """`text` for one cell of a table or one `Label:  value` line: printable, and on one line."""
+    return printable(_CELL_BREAKS.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text))
+
+
+# An API time (ISO 8601, as JSON keeps it): the terminal shows every one of them the same way.
+_API_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,6})?(?:Z|[+-]\d\d:\d\d)")
+
+
+class Clock:
+    """Where the terminal's times are shown: local time, or UTC with --utc (FLEETSHARD_UTC=1)."""
+
+    utc = False
+
+
+def shown_time(value: str) -> str:
+    """`2026-11-25T16:27:27.123456Z` as `2026-11-25 16:27:27`, in local time or UTC (--utc): one format
+    on every table and stat, to the second (the API's microseconds only widen tables)."""
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return value
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    try:
+        moment = moment.astimezone(UTC if Clock.utc else None)
+    except (OverflowError, OSError):
+        return value
+    # Not strftime: its %Y is `1`, not `0001`, for the years before 1000 on glibc.
+    return moment.replace(tzinfo=None).isoformat(" ", "seconds")
+
+
 def when(key: str) -> Callable[[dict[str, Any]], str | None]:
-    """A timestamp column in UTC to the second: the API's microseconds only widen tables."""
+    """A timestamp column: the terminal's one time format."""
 
     def get(row: dict[str, Any]) -> str | None:
         value = row.get(key)
-        return value[:19].replace("T", " ") if isinstance(value, str) and len(value) >= 19 else value
+        return shown_time(value) if isinstance(value, str) else value
 
     return get
 
 
 def cell(value: Any) -> str:
+    return one_line(_cell(value))
+
+
+def _cell(value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, bool):
@@ -40,6 +82,8 @@ def cell(value: Any) -> str:
         return ", ".join(str(v) for v in value) or "-"
     if isinstance(value, dict):
         return ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
+    if isinstance(value, str) and _API_TIME.fullmatch(value):
+        return shown_time(value)
     return str(value) if value != "" else "-"
 
 

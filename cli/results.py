@@ -10,9 +10,10 @@ from typing import Any, TypeVar
 import click
 
 from cli.action import Run, action
-from cli.inputs import Id
+from cli.inputs import Id, Number
 from cli.output import Column, table, when
 from cli.results_upload import upload
+from common.units import duration
 
 STATUSES = ("new", "acknowledged", "invalid", "fixed")
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -29,8 +30,8 @@ RUN_COLUMNS: list[Column] = [
 ]
 TIMING_COLUMNS: list[Column] = [
     ("Start", when("start")),
-    ("Wall s", lambda r: _seconds(r["wall_time_s"])),
-    ("CPU s", lambda r: _seconds(r["cpu_time_s"])),
+    ("Wall", lambda r: _seconds(r["wall_time_s"])),
+    ("CPU", lambda r: _seconds(r["cpu_time_s"])),
     ("Iterations", "iterations"),
     ("Label", "label"),
     ("Host", "host"),
@@ -42,8 +43,8 @@ REGRESSION_COLUMNS: list[Column] = [
     ("Entry", "entry"),
     ("Label", "label"),
     ("First slow run", when("start")),
-    ("Before s", lambda r: _seconds(r["before_s"])),
-    ("After s", lambda r: _seconds(r["after_s"])),
+    ("Before", lambda r: _seconds(r["before_s"])),
+    ("After", lambda r: _seconds(r["after_s"])),
     ("Change", lambda r: f"{r['change_pct']:+.1f}%"),
     ("Status", "status"),
 ]
@@ -61,7 +62,8 @@ def _limit(default: int) -> Callable[[F], F]:
 
 
 def _seconds(value: float | None) -> str | None:
-    return None if value is None else f"{value:.6g}"
+    """In the unit the admin's chart uses (`3.2 µs`); JSON keeps the API's seconds."""
+    return None if value is None else duration(value)
 
 
 def sparkline(values: Sequence[float]) -> str:
@@ -135,6 +137,50 @@ def results_regressions(run: Run, test: str | None, status: str | None) -> None:
     """List regressions, most recently detected first."""
     rows = run.api.list("/results/regressions/", test=test, status=status)
     run.rows(rows, REGRESSION_COLUMNS, "regressions")
+
+
+COMPARE_COLUMNS: list[Column] = [
+    ("Test", "test"),
+    ("Entry", "entry"),
+    ("Base s", lambda r: _seconds(r["base_median_s"])),
+    ("New s", lambda r: _seconds(r["new_median_s"])),
+    ("Change", lambda r: _pct(r["change_pct"])),
+    ("95% interval", lambda r: _interval(r)),
+    ("p", lambda r: None if r["p_value"] is None else f"{r['p_value']:.3g}"),
+    ("Runs", lambda r: f"{r['base_runs']}/{r['new_runs']}"),
+    ("Verdict", "verdict"),
+]
+
+
+def _pct(value: float | None) -> str | None:
+    return None if value is None else f"{value:+.1f}%"
+
+
+def _interval(row: dict[str, Any]) -> str | None:
+    if row["ci_low_pct"] is None:
+        return None
+    return f"{row['ci_low_pct']:+.1f}% .. {row['ci_high_pct']:+.1f}%"
+
+
+@results.command("compare")
+@click.option("--base", required=True, metavar="SIDE", help="The baseline: JOB_ID, JOB_ID:VARIANT or rev:REVISION.")
+@click.option("--new", "new", required=True, metavar="SIDE", help="Compared with it: JOB_ID[:VARIANT] or rev:REVISION.")
+@click.option("--test", metavar="TEST", help="Only this test's entries.")
+@click.option("--label", metavar="LABEL", help="Only runs on hosts with this board label.")
+@click.option(
+    "--min-change",
+    type=Number(0, 1000),
+    default=2.0,
+    show_default=True,
+    metavar="PCT",
+    help="The least change in percent that counts as one.",
+)
+@action
+def results_compare(run: Run, base: str, new: str, test: str | None, label: str | None, min_change: float) -> None:
+    """Compare two sides entry by entry: medians, change, its 95% interval, p-value and a verdict
+    (slower, faster, no change, too few runs), the largest slowdown first."""
+    rows = run.api.get("/results/compare", base=base, new=new, test=test, label=label, min_change=f"{min_change:g}")
+    run.rows(rows, COMPARE_COLUMNS, "entries")
 
 
 @results.command("set-status")

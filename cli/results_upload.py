@@ -47,8 +47,11 @@ class Outcome:
         name = printable(self.file)
         if self.status == "uploaded":
             again = "" if self.created else ", already stored"
-            return f"uploaded {name}: run {self.run} ({self.entries} entries){again}"
-        return f"{self.status} {name}: {printable(self.reason or '')}"
+            entries = f"{self.entries} entr{'y' if self.entries == 1 else 'ies'}"
+            return f"uploaded {name}: run {self.run} ({entries}){again}"
+        # The master's reasons may start with the file's name: said once is enough.
+        reason = (self.reason or "").removeprefix(f"{self.file}: ")
+        return f"{self.status} {name}: {printable(reason)}"
 
 
 class _Stop(Exception):
@@ -304,6 +307,9 @@ def upload(run: Run, data_dir: str, archive_dir: str, quarantine_dir: str | None
         emit_json([asdict(o) for o in outcomes])
     elif outcomes:
         click.echo(_summary(outcomes, untried))
+    elif sys.stdout.isatty():
+        # A person who ran it by hand learns it looked; cron (no terminal) mails nothing every minute.
+        click.echo(f"No result files in {printable(str(data))}.")
     kept = [o for o in outcomes if o.status == "kept"]
     if kept:
         left = len(kept) + untried

@@ -1,5 +1,6 @@
 """`fleetshard shard ...`: shards (labs), each owning labels and, through them, hosts and jobs."""
 
+import copy
 from typing import Any
 
 import click
@@ -69,6 +70,12 @@ def shard_stat(run: Run, hostname: str) -> None:
         "hosts_by_status": counts("hosts_by_status"),
         "jobs_by_status": counts("jobs_by_status"),
         "outbox": "unknown" if obj["outbox_depth"] is None else f"{obj['outbox_depth']} updates waiting",
+        "discovered": f"{obj.get('discovered_count', 0)} hosts (generation {obj.get('discovered_generation', 0)})",
+        "refused": "; ".join(f"{r['hostname']}: {r['reason']}" for r in obj.get("discovered_rejected") or []) or "none",
+        "pools": "; ".join(
+            f"{', '.join(p.get('labels', []))} (at most {p.get('max_hosts')} hosts)" for p in obj.get("pools") or []
+        )
+        or "none",
     }
     keys = [
         ("Shard", "hostname"),
@@ -80,10 +87,14 @@ def shard_stat(run: Run, hostname: str) -> None:
         ("Hosts", "hosts_by_status"),
         ("Jobs", "jobs_by_status"),
     ]
+    if obj.get("discovered_generation"):
+        keys += [("Discovered", "discovered"), ("Refused", "refused")]
+    if obj.get("pools"):
+        keys.append(("Pools", "pools"))
     run.done(obj, lambda: fields(shown, keys))
 
 
-@shard.command("add_boards")
+@shard.command("add-label")
 @click.argument("hostname")
 @click.option("-l", "--labels", "labels", multiple=True, metavar="LABEL[,LABEL]", help="Labels to add.")
 @LABELS_FILE
@@ -92,11 +103,11 @@ def shard_add_boards(run: Run, hostname: str, labels: tuple[str, ...], label_fil
     """Give labels to a shard; the hosts with them move to it."""
     wanted = need([*split(labels), *read_list(label_file)], "label (-l LABEL[,LABEL] or -B FILE)")
     obj = run.api.post(f"/shards/{segment(hostname)}/add_labels/", {"labels": wanted})
-    text = f"Added labels {', '.join(wanted)} to shard {obj['hostname']} ({_shard_summary(obj)})"
+    text = f"Added {plural('label', wanted)} to shard {obj['hostname']} ({_shard_summary(obj)})"
     run.done(obj, with_moves(text, obj["hosts_moved"]))
 
 
-@shard.command("remove_board")
+@shard.command("remove-label")
 @click.argument("hostname")
 @click.option("-l", "--label", "label_", required=True, metavar="LABEL", help="The label to remove.")
 @action
@@ -128,3 +139,14 @@ def shard_delete(run: Run, hostnames: tuple[str, ...], no_confirmation: bool) ->
     if result["jobs_aborted"]:
         text += f"; aborted {plural('job', result['jobs_aborted'])}"
     run.done(result, text)
+
+
+def _alias(command: click.Command, old: str) -> None:
+    """An older name of an action, still taken (scripts use it) but left out of --help."""
+    alias = copy.copy(command)
+    alias.hidden = True
+    shard.add_command(alias, old)
+
+
+_alias(shard_add_boards, "add_boards")
+_alias(shard_remove_board, "remove_board")

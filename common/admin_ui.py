@@ -114,7 +114,14 @@ class JobColumns(_JobAdmin):
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj: Job) -> SafeString:
+        if obj.aborted and obj.status in JobStatus.ACTIVE:
+            return format_html("{} aborting", status_badge(obj.status))
         return status_badge(obj.status)
+
+    @admin.display(description="aborted")
+    def aborted_shown(self, obj: Job) -> str:
+        """Words, not Django's red cross: not being aborted is the normal state, no error."""
+        return "yes" if obj.aborted else "no"
 
     @admin.display(description="HQEs", ordering="hqe_count")
     def hqe_count(self, obj: Job) -> int:

@@ -7,6 +7,10 @@ slot keeps (persistent, as CONN_MAX_AGE says) from request to request, whichever
 the process keeps exactly `--threads` connections however many threads gunicorn has started, and the
 long-polls never add connections or concurrent work: a long-poll takes a slot only while it
 authenticates. Outside `serve` (tests, runserver) nothing is limited or lent.
+
+Django has no public API for handing a connection to another thread: the lending uses
+`inc_thread_sharing` and assigns `connections[alias]`. tests/common/test_admission.py checks both
+on the pinned Django and fails, naming this module, on any other version.
 """
 
 import queue

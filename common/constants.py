@@ -42,7 +42,9 @@ class HostStatus(StrEnum):
     CLEANING = "Cleaning"
     REPAIRING = "Repairing"
     REPAIR_FAILED = "Repair Failed"
-    ALL = nonmember((READY, RUNNING, CLEANING, REPAIRING, REPAIR_FAILED))
+    # A discovered host that left its shard's discovered set (docs/design.md, "Capacity that registers itself").
+    MISSING = "Missing"
+    ALL = nonmember((READY, RUNNING, CLEANING, REPAIRING, REPAIR_FAILED, MISSING))
 
 
 class HQEStatus(StrEnum):
@@ -88,7 +90,14 @@ def hqe_can_move(old: str, new: str) -> bool:
     return new in HQE_TRANSITIONS.get(old, frozenset())
 
 
-# FLEETSHARD_ROLE: the settings this process plays (common/settings/); the first is the default.
+# Discovered hosts (docs/design.md, "Capacity that registers itself").
+class HostOrigin(StrEnum):
+    DECLARED = "declared"
+    DISCOVERED = "discovered"
+    ALL = nonmember((DECLARED, DISCOVERED))
+
+
+# FLEETSHARD_ROLE: the settings this process plays (server/settings/); the first is the default.
 ROLES: Final = ("master", "shard")
 
 PRIORITY_NAMES: Final = {"low": 10, "default": 40, "high": 70, "super": 80}
@@ -113,3 +122,13 @@ def derive_job_status(hqe_statuses: list[str]) -> JobStatus:
         if status in hqe_statuses:
             return JobStatus(status)
     return JobStatus.FAILED
+
+
+# The keyval that says which revision a job measures (`job create --revision`); results carry it.
+REVISION_KEYVAL = "revision"
+
+# A/B comparisons (common/stats.py): fewer timings than this on either side give no verdict. With
+# three a side, Mann-Whitney's smallest two-sided p is 0.1, so no change could ever be found; four is
+# the least that can show one.
+AB_MIN_RUNS = 4
+AB_DEFAULT_MIN_CHANGE_PCT = 2.0

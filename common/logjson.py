@@ -105,7 +105,7 @@ def log_uncaught() -> None:
 
 
 class JsonStderr:
-    """sys.stderr in JSON mode (common/manage.py): log lines pass as they are, and any other line (a
+    """sys.stderr in JSON mode (server/manage.py): log lines pass as they are, and any other line (a
     command's `CommandError: ...`, a library's print) becomes a JSON line of its own, so a log
     shipper reads nothing else. Only lines are rewritten: a partial one waits for its end or a flush."""
 

@@ -15,6 +15,7 @@ from common.constants import (
     DEFAULT_TIMEOUT_MINS,
     OFFLINE_AFTER_INTERVALS,
     FailureClass,
+    HostOrigin,
     HostStatus,
     HQEStatus,
     JobStatus,
@@ -46,6 +47,12 @@ class Shard(models.Model):
     # The shard database the master last heard from (docs/protocol.md, "Shard instances").
     instance = models.CharField(max_length=36, blank=True, default="")
     instance_since = models.DateTimeField(null=True, blank=True)
+    # Discovery (master/sync/discovery.py): the last discovered set applied, what it refused, and the pools
+    # the shard announced (docs/protocol.md, "discovered").
+    discovered_generation = models.BigIntegerField(default=0)
+    discovered_rejected = models.JSONField(default=list, blank=True)
+    discovered_count = models.PositiveIntegerField(default=0)
+    pools = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["hostname"]
@@ -84,6 +91,15 @@ class Host(models.Model):
     status = models.CharField(max_length=32, choices=_choices(HostStatus.ALL), default=HostStatus.READY)
     shard = models.ForeignKey(Shard, null=True, blank=True, on_delete=models.SET_NULL, related_name="hosts")
     version = models.PositiveIntegerField(default=1)
+    origin = models.CharField(max_length=16, choices=_choices(HostOrigin.ALL), default=HostOrigin.DECLARED)
+    # The shard whose discovery registered or confirmed the host, and when its set last held it.
+    discovered_by = models.ForeignKey(
+        Shard, null=True, blank=True, on_delete=models.SET_NULL, related_name="discovered_hosts"
+    )
+    last_seen = models.DateTimeField(null=True, blank=True)
+    # Timeline totals count a host's idle time from here, not from a window's start before it existed
+    # (hosts made before this field count as old: common migration 0011).
+    created_on = models.DateTimeField(default=timezone.now)
 
     class Meta:
         ordering = ["hostname"]
@@ -102,11 +118,18 @@ class Job(models.Model):
     max_runtime_mins = models.PositiveIntegerField(default=DEFAULT_MAX_RUNTIME_MINS)
     dependency_labels = models.ManyToManyField(Label, blank=True, related_name="dependent_jobs")
     keyvals = models.JSONField(default=dict, blank=True)
+    # An A/B job's plan (common/ab.py): its variants and repeats; {} for a plain job.
+    ab = models.JSONField(default=dict, blank=True)
     # No database constraint: a shard holds a job's parent id without holding the parent.
     parent = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children", db_constraint=False
     )
     aborted = models.BooleanField(default=False)
+    # The job this one runs again (`job rerun`, the admin's Rerun): same spec, a new job. Kept as it
+    # was when that job is purged (no update on delete: a purge's cost stays its own rows).
+    rerun_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.DO_NOTHING, related_name="reruns", db_constraint=False
+    )
     shard = models.ForeignKey(Shard, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs")
     version = models.PositiveIntegerField(default=1)
     created_on = models.DateTimeField(default=timezone.now)
@@ -114,6 +137,8 @@ class Job(models.Model):
     status = models.CharField(max_length=32, choices=_choices(JobStatus.ALL), default=JobStatus.QUEUED)
     # Shard-side: the parent's keyvals (the response's suite_keyvals), since the shard has no parent row.
     suite_keyvals = models.JSONField(default=dict, blank=True)
+    # Blobs its runs read at $FLEETSHARD_INPUT_DIR/NAME: [{"name", "digest", "size", "kind"}] (common/blobs.py).
+    inputs = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["-id"]

@@ -1,11 +1,10 @@
 """What `manage.py purge` shares between the roles: the age syntax, and deleting in batches.
 
-Each role's own rules (which rows are finished and old) live in master/purge.py and shard/purge.py.
+Each role's own rules (which rows are finished and old) live in master/services/purge.py and shard/purge.py.
 Every batch is its own transaction, so a purge of years of history never holds one huge transaction
 (nor its locks); a purge stopped half-way has deleted whole batches, and the next one goes on.
 """
 
-import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,8 +12,8 @@ from datetime import timedelta
 
 from django.db.models import Model, QuerySet
 
-_AGE_RE = re.compile(r"(\d{1,6})([smhdw])")
-_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+from common import ages
+
 DEFAULT_BATCH_SIZE = 500
 # A batch's ids go into one IN (...): within what SQLite takes in one statement.
 MAX_BATCH_SIZE = 10_000
@@ -24,12 +23,11 @@ MAX_AGE = timedelta(days=100 * 365)
 
 def parse_age(text: str) -> timedelta:
     """`90d`, `12h`, `2w`, `30m`, `45s`: a positive age; a ValueError naming the rule otherwise."""
-    match = _AGE_RE.fullmatch(text.strip())
-    if not match or int(match[1]) == 0:
+    age = ages.parse_age(text)
+    if not age:
         raise ValueError(
             f"--older-than must be a positive whole number and a unit (s, m, h, d or w), like 90d, not {text!r}"
         )
-    age = timedelta(**{_UNITS[match[2]]: int(match[1])})
     if age > MAX_AGE:
         raise ValueError(f"--older-than must be at most 100 years, not {text!r}")
     return age

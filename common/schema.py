@@ -1,6 +1,6 @@
 """Whether this role's database is migrated: `serve` and `run_shard` refuse to start on one that is not.
 
-Each role has its own tables (common/settings/), so a database not migrated since an upgrade, or one of
+Each role has its own tables (server/settings/), so a database not migrated since an upgrade, or one of
 the other role, fails on every request or heartbeat ("no such table") rather than once, clearly, here.
 """
 

@@ -53,3 +53,26 @@ def parse_meta_hosts(text: str) -> list[tuple[str, int]]:
         n = (int(count) if len(count) <= 100 else 10**100) if star else 1
         result.append((name, n))
     return result
+
+
+# No `--` and no last `-`: a tagged result name `ab-R-VARIANT--NAME` splits at its first `--` (common/ab.py).
+VARIANT_NAME = re.compile(r"(?!.*--)[A-Za-z0-9][A-Za-z0-9._-]{0,63}(?<!-)")
+MAX_REPEAT = 1000
+
+
+def parse_variant_name(value: str, field: str = "variant") -> str:
+    """An A/B variant's name: it becomes FLEETSHARD_VARIANT and a directory name on the shard."""
+    if not VARIANT_NAME.fullmatch(value):
+        raise FleetshardError(
+            f"{field}: invalid variant name {value[:80]!r}: use 1-64 letters, digits, '.', '_' or '-'"
+            " (a letter or digit first, no '--', not '-' last)",
+            field=field,
+        )
+    return value
+
+
+def parse_repeat_number(value: str, field: str = "repeat") -> int:
+    """Which repeat of an A/B run a result is from, 1 to MAX_REPEAT."""
+    if not ASCII_DIGITS.fullmatch(value) or not 1 <= int(value[:6]) <= MAX_REPEAT or len(value) > 6:
+        raise FleetshardError(f"{field}: invalid repeat {value!r}: use a number from 1 to {MAX_REPEAT}", field=field)
+    return int(value)

@@ -19,6 +19,8 @@ from typing import Any, NamedTuple, TypeVar
 import orjson
 from django.utils.dateparse import parse_datetime
 
+from common.ab import ABPlan
+from common.blobs import BadInput, parse_inputs
 from common.constants import (
     LOG_TAIL_BYTES,
     MAX_UPDATES_PER_HEARTBEAT,
@@ -27,6 +29,7 @@ from common.constants import (
     HostStatus,
     HQEStatus,
 )
+from common.errors import FleetshardError
 
 ID_MIN, ID_MAX = 1, 2**63 - 1
 EXIT_MIN, EXIT_MAX = -(2**31), 2**31 - 1
@@ -421,6 +424,8 @@ class HeartbeatRequest:
     updates: list[Update | RejectedUpdate] = field(default_factory=list)
     host_events: list[HostEvent | RejectedUpdate] = field(default_factory=list)
     protocol: int = PROTOCOL_VERSION
+    discovered: "DiscoveredSet | None" = None
+    pools: "list[Pool] | None" = None
 
     @classmethod
     def parse(cls, body: object) -> "HeartbeatRequest":
@@ -440,8 +445,10 @@ class HeartbeatRequest:
         client_version = f.text("client_version", MAX_VERSION_CHARS, default="")
         known_hosts = _known(f, "known_hosts", "host", KnownHost)
         known_jobs = _known(f, "known_jobs", "job", KnownJob)
-        parsed = _parse_updates(updates)
-        events = _parse_host_events(f.items("host_events", max_items=MAX_UPDATES_PER_HEARTBEAT))
+        parsed = _parse_sequenced(updates, "updates", Update.parse)
+        events = _parse_sequenced(
+            f.items("host_events", max_items=MAX_UPDATES_PER_HEARTBEAT), "host_events", HostEvent.parse
+        )
         shared = {u.seq for u in parsed} & {e.seq for e in events}
         if shared:
             i = next(i for i, e in enumerate(events) if e.seq in shared)
@@ -455,6 +462,8 @@ class HeartbeatRequest:
             known_jobs=known_jobs,
             updates=parsed,
             host_events=events,
+            discovered=DiscoveredSet.parse(f),
+            pools=Pool.parse_list(f),
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -468,6 +477,8 @@ class HeartbeatRequest:
             "known_jobs": [j.to_wire() for j in self.known_jobs],
             "updates": [u.to_wire() for u in self.updates if isinstance(u, Update)],
             "host_events": [e.to_wire() for e in self.host_events if isinstance(e, HostEvent)],
+            **({} if self.discovered is None else {"discovered": self.discovered.to_wire()}),
+            **({} if self.pools is None else {"pools": [p.to_wire() for p in self.pools]}),
         }
 
 
@@ -508,35 +519,22 @@ def check_protocol(f: _Fields) -> None:
         raise ProtocolMismatch("protocol", f"protocol {value} is not supported; this side speaks {PROTOCOL_VERSION}")
 
 
-def _parse_updates(items: list[Any]) -> list[Update | RejectedUpdate]:
-    """Each update on its own: a bad seq is the body's fault (a 400), anything else only that update's."""
-    parsed: list[Update | RejectedUpdate] = []
+R = TypeVar("R", Update, HostEvent)
+
+
+def _parse_sequenced(items: list[Any], key: str, record: Callable[["_Fields", int], R]) -> list[R | RejectedUpdate]:
+    """Updates and host events, each on its own: a seq that does not grow is the body's fault (a 400),
+    any other bad value rejects only that item."""
+    parsed: list[R | RejectedUpdate] = []
     last = 0
     for i, item in enumerate(items):
-        f = _Fields(item, f"updates[{i}]")
+        f = _Fields(item, f"{key}[{i}]")
         seq = f.id("seq")
         if seq <= last:
             raise f.fail("seq", f"seqs must grow within a heartbeat ({seq} after {last})")
         last = seq
         try:
-            parsed.append(Update.parse(f, seq))
-        except WireError as exc:
-            parsed.append(RejectedUpdate(seq, f"{exc.field.split('.', 1)[-1]}: {exc.message}"))
-    return parsed
-
-
-def _parse_host_events(items: list[Any]) -> list[HostEvent | RejectedUpdate]:
-    """As `_parse_updates`: seqs grow (a 400 otherwise), a bad value rejects only its event."""
-    parsed: list[HostEvent | RejectedUpdate] = []
-    last = 0
-    for i, item in enumerate(items):
-        f = _Fields(item, f"host_events[{i}]")
-        seq = f.id("seq")
-        if seq <= last:
-            raise f.fail("seq", f"seqs must grow within a heartbeat ({seq} after {last})")
-        last = seq
-        try:
-            parsed.append(HostEvent.parse(f, seq))
+            parsed.append(record(f, seq))
         except WireError as exc:
             parsed.append(RejectedUpdate(seq, f"{exc.field.split('.', 1)[-1]}: {exc.message}"))
     return parsed
@@ -618,6 +616,10 @@ class JobRecord:
     aborted: bool
     created_on: datetime | None
     hqes: list[HQERecord]
+    # An A/B job's plan as common.ab.ABPlan.to_json() gives it; {} for a plain job (and left off the wire).
+    ab: dict[str, Any] = field(default_factory=dict)
+    # Blobs the runs read (common/blobs.py); on the wire only when there are some.
+    inputs: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def parse(cls, f: _Fields) -> "JobRecord":
@@ -636,6 +638,8 @@ class JobRecord:
             aborted=f.boolean("aborted", default=False),
             created_on=f.time("created_on"),
             hqes=f.each("hqes", HQERecord.parse),
+            ab=_ab_plan(f),
+            inputs=_inputs(f),
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -654,7 +658,25 @@ class JobRecord:
             "aborted": self.aborted,
             "created_on": format_time(self.created_on),
             "hqes": [h.to_wire() for h in self.hqes],
+            **({"inputs": self.inputs} if self.inputs else {}),
+            **({"ab": self.ab} if self.ab else {}),
         }
+
+
+def _inputs(f: _Fields) -> list[dict[str, Any]]:
+    try:
+        return [ref.to_wire() for ref in parse_inputs(f.items("inputs"))]
+    except BadInput as exc:
+        raise f.fail("inputs", str(exc)) from None
+
+
+def _ab_plan(f: _Fields) -> dict[str, Any]:
+    raw = f.obj.get("ab", {})
+    try:
+        plan = ABPlan.from_json(raw)
+    except FleetshardError as exc:
+        raise f.fail("ab", str(exc).removeprefix("ab: ")) from None
+    return plan.to_json() if plan is not None else {}
 
 
 @dataclass(frozen=True)
@@ -689,6 +711,7 @@ class HeartbeatResponse:
     heartbeat_interval_s: float | None = None
     skipped: list[str] = field(default_factory=list)
     protocol: int = PROTOCOL_VERSION
+    discovered_ack: "DiscoveredAck | None" = None
 
     @classmethod
     def parse(cls, body: object) -> "HeartbeatResponse":
@@ -724,6 +747,7 @@ class HeartbeatResponse:
             more=f.boolean("more", default=False),
             heartbeat_interval_s=interval,
             skipped=skipped,
+            discovered_ack=DiscoveredAck.parse(f, skipped),
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -736,6 +760,7 @@ class HeartbeatResponse:
             "acks": [a.to_wire() for a in self.acks],
             "more": self.more,
             "heartbeat_interval_s": self.heartbeat_interval_s,
+            **({} if self.discovered_ack is None else {"discovered_ack": self.discovered_ack.to_wire()}),
         }
 
 
@@ -769,3 +794,101 @@ def _each_isolated(f: _Fields, key: str, parse: Callable[[_Fields], T], skipped:
 def error_body(message: str, field_name: str | None, **detail: Any) -> Mapping[str, Any]:
     """The shape of every heartbeat error: `{"error": ..., "detail": {"field": ...}}`."""
     return {"error": message, "detail": {"field": field_name, **detail} if field_name else (detail or None)}
+
+
+# Discovery (docs/protocol.md, "discovered"): the shard's whole discovered set, the master's ack of it,
+# and the pools a shard announces. The wire checks only the envelope; each host record is judged on its
+# own by the master (master/sync/discovery.py), so one bad record is refused alone, with its reason.
+
+# However large FLEETSHARD_MAX_DISCOVERED_HOSTS is set, a set longer than this is not even read.
+MAX_DISCOVERED_ON_WIRE = 1_000_000
+MAX_POOLS = 100
+# Labels of one pool (run_worker_manager's --label): a pool's jobs must carry every one.
+MAX_POOL_LABELS = 20
+MAX_REJECTED_REASON_CHARS = 300
+
+
+@dataclass(frozen=True)
+class DiscoveredSet:
+    generation: int
+    hosts: list[Any]
+    # Hostnames that left the set cleanly (an elastic worker's exit): deleted, not Missing.
+    released: list[Any] = field(default_factory=list)
+
+    @classmethod
+    def parse(cls, body: _Fields) -> "DiscoveredSet | None":
+        if body.obj.get("discovered") is None:
+            return None
+        f = _Fields(body.obj["discovered"], "discovered")
+        generation = f.id("generation")
+        hosts = f.items("hosts", max_items=MAX_DISCOVERED_ON_WIRE)
+        released = f.items("released", max_items=MAX_DISCOVERED_ON_WIRE) if "released" in f.obj else []
+        return cls(generation=generation, hosts=hosts, released=released)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "generation": self.generation,
+            "hosts": self.hosts,
+            **({"released": self.released} if self.released else {}),
+        }
+
+
+@dataclass(frozen=True)
+class Rejection:
+    hostname: str
+    reason: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"hostname": self.hostname, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class DiscoveredAck:
+    generation: int
+    rejected: list[Rejection] = field(default_factory=list)
+
+    @classmethod
+    def parse(cls, body: _Fields, skipped: list[str]) -> "DiscoveredAck | None":
+        """None when absent (a master without discovery) or malformed (noted in `skipped`)."""
+        if body.obj.get("discovered_ack") is None:
+            return None
+        try:
+            f = _Fields(body.obj["discovered_ack"], "discovered_ack")
+            generation = f.integer("generation", 0, ID_MAX)
+            rejected = []
+            for i, item in enumerate(f.items("rejected")):
+                r = _Fields(item, f"discovered_ack.rejected[{i}]")
+                rejected.append(Rejection(clean_text(r.text("hostname", 1024)), clean_text(r.text("reason", 4 * 1024))))
+        except WireError as exc:
+            skipped.append(str(exc))
+            return None
+        assert generation is not None
+        return cls(generation=generation, rejected=rejected)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"generation": self.generation, "rejected": [r.to_wire() for r in self.rejected]}
+
+
+@dataclass(frozen=True)
+class Pool:
+    """An elastic pool of the shard: jobs for its labels are accepted while it has no host yet."""
+
+    labels: list[str]
+    max_hosts: int
+
+    @classmethod
+    def parse_list(cls, body: _Fields) -> "list[Pool] | None":
+        if body.obj.get("pools") is None:
+            return None
+        pools = body.each(
+            "pools", lambda f: cls(f.names("labels"), f.integer("max_hosts", 0, 10**6) or 0), max_items=MAX_POOLS
+        )
+        for i, pool in enumerate(pools):
+            if not pool.labels:
+                raise WireError(f"pools[{i}].labels", "a pool needs at least one label")
+            if len(pool.labels) > MAX_POOL_LABELS:
+                raise WireError(f"pools[{i}].labels", f"at most {MAX_POOL_LABELS} labels, got {len(pool.labels)}")
+        return pools
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"labels": self.labels, "max_hosts": self.max_hosts}

@@ -83,7 +83,9 @@ class Token(models.Model):
 
 
 # Benchmark results live in their own module; Django finds an app's models here.
+from master.blobs.models import Artifact, Blob  # noqa: E402
 from master.logs.models import RunLog, RunLogChunk  # noqa: E402
+from master.notify.models import Delivery, NotificationEvent, ShardOfflineNotice, Subscription  # noqa: E402
 from master.results.models import (  # noqa: E402
     DirtySeries,
     Regression,
@@ -95,16 +97,22 @@ from master.results.models import (  # noqa: E402
 from master.timeline.models import Interval, RunTrace  # noqa: E402
 
 __all__ = [
+    "Artifact",
+    "Blob",
     "AuditRecord",
     "AuditTarget",
+    "Delivery",
     "DirtySeries",
     "Interval",
+    "NotificationEvent",
     "Regression",
     "RegressionStatus",
     "RejectedResult",
     "RunLog",
     "RunLogChunk",
     "RunTrace",
+    "ShardOfflineNotice",
+    "Subscription",
     "TestEntry",
     "TestRun",
     "Token",

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from datetime import datetime
 from pathlib import Path
@@ -29,6 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 ACTIVE = ("Queued", "Running")
 ADMIN_USER, ADMIN_PASSWORD = "admin", "demo-admin"
+# What the benchmark job uploads (fixtures/demo.json): one entry's series, which steps up at run 31.
+BENCH_TEST, BENCH_ENTRY, BENCH_RUNS = "frame_render", "BM_render_frame", 40
 # A demo "minute" (timeout_mins, max_runtime_mins) lasts this many seconds, so the timeout shows quickly.
 DEMO_MINUTE_S = "5"
 
@@ -76,7 +79,7 @@ class Demo:
         # The user's own database and fleetshard settings must not leak into the demo's processes.
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETSHARD_") and k != "DATABASE_URL"}
         env.update(
-            DJANGO_SETTINGS_MODULE="common.settings",  # the role's own, even when run from the tests
+            DJANGO_SETTINGS_MODULE="server.settings",  # the role's own, even when run from the tests
             FLEETSHARD_ROLE=role,
             FLEETSHARD_DATA_DIR=str(self.data_dir / name),
             FLEETSHARD_HEARTBEAT_INTERVAL_S="1",
@@ -242,6 +245,20 @@ class Demo:
                 raise SystemExit(f"demo: jobs still active after {timeout:.0f} s: {line}")
             time.sleep(1)
 
+    def wait_for_benchmark(self, timeout: float = 60) -> str:
+        """Waits for the benchmark job's results to reach the master (the shard uploads them as the run
+        ends); the chart's URL."""
+        deadline = time.monotonic() + timeout
+        while True:
+            rows = self.fleetshard("results", "timings", BENCH_TEST, BENCH_ENTRY, "--limit", "0")
+            if len(rows) >= BENCH_RUNS:
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit(f"demo: {len(rows)} of {BENCH_RUNS} benchmark timings reached the master")
+            time.sleep(0.5)
+        query = urllib.parse.urlencode({"test": BENCH_TEST, "entry": BENCH_ENTRY})
+        return f"{self.server}/admin/benchmarks/chart/?{query}"
+
     def summary(self, jobs: list[dict[str, Any]]) -> None:
         rows = [("JOB", "NAME", "STATUS", "FAILURE", "HOST", "SHARD", "DURATION")]
         for job in jobs:
@@ -302,7 +319,9 @@ def main() -> int:
         ids = demo.submit_jobs()
         say("• progress:")
         demo.summary(demo.follow(ids))
+        chart = demo.wait_for_benchmark()
         say(f"Admin UI:  {demo.server}/admin/   (user {ADMIN_USER}, password {ADMIN_PASSWORD})")
+        say(f"Benchmark: {chart}   ({BENCH_TEST}: {BENCH_RUNS} runs, a step up at run 31)")
         say(f"CLI:       FLEETSHARD_SERVER={demo.server} FLEETSHARD_TOKEN={demo.token} fleetshard job list")
         say(f"Logs:      {data_dir}/*.log; job results under {data_dir}/<shard>/results/")
         if not args.exit_after_summary:

@@ -1,4 +1,4 @@
-"""The shard's admin: a lab operator's view of the shard's own database, served by shard/urls.py.
+"""The shard's admin: a lab operator's view of the shard's own database, served by server/urls/shard.py.
 
 It is a separate AdminSite so that master and shard admins never share registrations: the test
 settings install both apps in one process and Django imports every app's admin module. Everything is
@@ -33,8 +33,8 @@ from common.admin_ui import (
 )
 from common.constants import HostStatus, HQEStatus
 from common.models import Host, HostQueueEntry, Job, Label
-from shard.models import DeadLetter, OutboxEntry, ShardState, run_of
-from shard.workspace import run_log_tail
+from shard.models import DeadLetter, DiscoveryState, OutboxEntry, ShardState, run_of
+from shard.run.workspace import run_log_tail
 
 
 class ShardAdminSite(admin.AdminSite):
@@ -43,6 +43,7 @@ class ShardAdminSite(admin.AdminSite):
     index_title = "This lab's shard"
     index_template = "shard/admin/index.html"
     site_url = None  # a shard serves no site besides this admin
+    enable_nav_sidebar = False  # it repeats the front page and narrows the lists
 
     def each_context(self, request: HttpRequest) -> dict[str, Any]:
         context = super().each_context(request)
@@ -78,6 +79,23 @@ def summary() -> dict[str, Any]:
         "hqe_counts": [(s, hqes.get(s, 0)) for s in HQEStatus.ACTIVE],
         "outbox_count": OutboxEntry.objects.count(),
         "dead_letter_count": DeadLetter.objects.count(),
+        **discovery_summary(),
+    }
+
+
+def discovery_summary() -> dict[str, Any]:
+    """Discovery's sources, each one's last run, and what the master refused of the last acked set."""
+    found = DiscoveryState.objects.filter(id=1).values("generation", "acked_generation", "rejected", "sources").first()
+    if not found:
+        return {}
+    sources = [{"name": name, **run} for name, run in sorted(found["sources"].items()) if isinstance(run, dict)]
+    return {
+        "discovery": {
+            "generation": found["generation"],
+            "acked": found["acked_generation"],
+            "sources": sources,
+            "rejected": found["rejected"][:50],
+        }
     }
 
 
@@ -119,9 +137,10 @@ class HostAdmin(HostColumns, ReadOnlyAdmin):
     def get_queryset(self, request: HttpRequest) -> QuerySet[Host]:
         return super().get_queryset(request).select_related("state")
 
-    @admin.display(description="retired", boolean=True, ordering="state__retired")
-    def retired(self, obj: Host) -> bool:
-        return obj.state.retired
+    @admin.display(description="retired", ordering="state__retired")
+    def retired(self, obj: Host) -> str:
+        """Words, not a red cross: a host in service is the normal state."""
+        return "retired" if obj.state.retired else ""
 
     @admin.display(description="held by (scheduler process)")
     def runner(self, obj: Host) -> str:
@@ -212,7 +231,7 @@ class HQEInline(HQEInlineBase):
 
 @admin.register(Job, site=shard_site)
 class JobAdmin(JobColumns, ReadOnlyAdmin):
-    list_display = ["id", "name", "owner", "priority", "status_badge", "hqe_count", "aborted", "created_on"]
+    list_display = ["id", "name", "owner", "priority", "status_badge", "hqe_count", "created_on"]
     list_display_links = ["id", "name"]
     list_filter = ["status", "aborted"]
     search_fields = ["name", "owner"]
@@ -229,7 +248,7 @@ class JobAdmin(JobColumns, ReadOnlyAdmin):
         "parent_id",
         "timeout_mins",
         "max_runtime_mins",
-        "aborted",
+        "aborted_shown",
         "version",
         "created_on",
     ]

@@ -9,7 +9,7 @@ from pathlib import Path
 from django.conf import settings
 
 from common.constants import DEFAULT_MAX_LOG_BYTES
-from shard.isolation import JobUser, passthrough_names, resolve_job_user
+from shard.run.isolation import JobUser, passthrough_names, resolve_job_user
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class SchedulerConfig:
     host_command_timeout_s: float = 1800.0
     minute_s: float = 60.0
     recover_every_s: float = 10.0
-    # None: jobs run as the shard's own user (see shard/isolation.py).
+    # None: jobs run as the shard's own user (see shard/run/isolation.py).
     job_user: JobUser | None = None
     env_passthrough: tuple[str, ...] = ()
     max_log_bytes: int = DEFAULT_MAX_LOG_BYTES

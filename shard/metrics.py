@@ -25,8 +25,8 @@ from prometheus_client.registry import Collector
 
 from common.constants import CLIENT_VERSION, HostStatus, HQEStatus
 from common.models import Host, HostQueueEntry
-from shard.client import HeartbeatClient
 from shard.models import DeadLetter, OutboxEntry, ShardState
+from shard.sync.client import HeartbeatClient
 
 log = logging.getLogger(__name__)
 

@@ -74,6 +74,9 @@ class ShardState(models.Model):
     # count, so its counters never go down when history goes (Prometheus reads a drop as a reset).
     purged_started = models.BigIntegerField(default=0)
     purged_ended = models.JSONField(default=dict, blank=True)
+    # The latest `at` of a host event: events never go back in time from it, so a clock stepping back
+    # cannot leave a status open on the master's timeline (docs/protocol.md, "Host events").
+    event_clock = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"shard state (last seq {self.last_seq})"
@@ -82,7 +85,7 @@ class ShardState(models.Model):
 class HostState(models.Model):
     """What only the shard knows of a host: which scheduler process holds it, and whether it may get work.
 
-    Every host the shard holds has one (shard.ingest creates it with the host). The scheduler claims and
+    Every host the shard holds has one (shard.sync.ingest creates it with the host). The scheduler claims and
     releases a host by conditional UPDATEs on this row and the host's, under shard.locks.shard_write.
     """
 
@@ -131,3 +134,42 @@ class WorkerPool(models.Model):
 
     def __str__(self) -> str:
         return f"worker pool {self.key}"
+
+
+class WorkerRegistration(models.Model):
+    """An elastic worker (`run_shard --worker-id ID --slots N`) and the hosts it brings, written in one
+    transaction. The heartbeat's holder folds the live ones into the discovered set (shard/run/workers.py)."""
+
+    worker_id = models.CharField(max_length=64, unique=True)
+    runner = models.CharField(max_length=255)
+    hosts = models.JSONField(default=list)
+    registered_at = models.DateTimeField(auto_now_add=True)
+    # A clean exit: its hosts are sent as released (the master deletes them) rather than vanished.
+    released = models.BooleanField(default=False)
+
+    def __str__(self) -> str:
+        return f"worker {self.worker_id}"
+
+
+class DiscoveryState(models.Model):
+    """The singleton of discovery (shard/sync/discovery.py): the shard's whole discovered set, its generation,
+    the generation the master last acked (with what it refused), and each source's last run."""
+
+    generation = models.BigIntegerField(default=0)
+    hosts = models.JSONField(default=list, blank=True)
+    acked_generation = models.BigIntegerField(default=0)
+    rejected = models.JSONField(default=list, blank=True)
+    # Hostnames that left the set and have not come back: kept Missing whatever else moves them.
+    missing = models.JSONField(default=list, blank=True)
+    # Source name -> {"at", "ok", "hosts", "error"}: what the shard admin shows.
+    sources = models.JSONField(default=dict, blank=True)
+    # Live elastic workers' hosts (shard/run/workers.py), sent with `hosts` as one set.
+    worker_hosts = models.JSONField(default=list, blank=True)
+    # [hostname, generation] of workers' hosts that left cleanly: sent as `released` until acked.
+    released = models.JSONField(default=list, blank=True)
+    # The pools the worker managers announce, and the list the master last took.
+    pools = models.JSONField(default=list, blank=True)
+    pools_sent = models.JSONField(default=None, null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"discovery (generation {self.generation}, acked {self.acked_generation})"

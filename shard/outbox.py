@@ -2,17 +2,22 @@
 event, each with a seq that never repeats (one counter for both, so they keep one order)."""
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Value
+from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from common.models import HostQueueEntry
 from common.wire import HostEvent as HostEventRecord
 from common.wire import Update, clean_text
 from shard.models import HostEvent, OutboxEntry, ShardState
+
+# The master refuses a host event more than a day ahead of its clock: a last event further ahead than
+# that was a clock gone wrong, and later events do not wait for it.
+MAX_CLOCK_LEAD = timedelta(days=1)
 
 
 def reserve_seqs(count: int) -> range:
@@ -21,6 +26,18 @@ def reserve_seqs(count: int) -> range:
     ShardState.objects.filter(id=state.id).update(last_seq=F("last_seq") + count)
     last = ShardState.objects.values_list("last_seq", flat=True).get(id=state.id)
     return range(last - count + 1, last + 1)
+
+
+def reserve_event(at: datetime) -> tuple[int, datetime]:
+    """The next seq, and the time of a host event said to happen at `at`: never before the last event's,
+    so a clock stepping back (NTP, a VM restored) cannot make a later change look earlier and leave
+    the status before it open on the master's timeline. A last event more than MAX_CLOCK_LEAD ahead of
+    `at` was a clock gone wrong forwards: it is not followed."""
+    state, _ = ShardState.objects.get_or_create(id=1)
+    clock = Greatest(Coalesce(F("event_clock"), Value(at)), Value(at))
+    ShardState.objects.filter(id=state.id).update(last_seq=F("last_seq") + 1, event_clock=clock)
+    seq, latest = ShardState.objects.values_list("last_seq", "event_clock").get(id=state.id)
+    return seq, latest if latest is not None and latest - at <= MAX_CLOCK_LEAD else at
 
 
 def committed_seq() -> int:
@@ -74,7 +91,8 @@ def pending(limit: int) -> list[dict[str, Any]]:
 def enqueue_host_event(host_id: int, status: str, at: datetime | None = None) -> HostEvent:
     """Queues a host's status change for the master's timeline. Call it in the transaction of the change."""
     assert transaction.get_connection().in_atomic_block, "enqueue must run inside the host change's transaction"
-    return HostEvent.objects.create(seq=next_seq(), host_id=host_id, status=status, at=at or timezone.now())
+    seq, when = reserve_event(at or timezone.now())
+    return HostEvent.objects.create(seq=seq, host_id=host_id, status=status, at=when)
 
 
 def pending_host_events(limit: int, before: int | None = None) -> list[dict[str, Any]]:

@@ -12,16 +12,19 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 
-from shard.client import HeartbeatClient, HeartbeatFailed
-from shard.leader import HeartbeatLeadership, heartbeat_loop, recently_accepted
-from shard.log_shipping import LogShipper
+from common.loop import Backoff, run_until_stopped
 from shard.models import OutboxEntry
-from shard.results_upload import ResultsUploader
-from shard.scheduler import Scheduler
+from shard.run.scheduler import Scheduler
+from shard.sync.client import HeartbeatClient, HeartbeatFailed
+from shard.sync.discovery import discovery_unacked
+from shard.sync.leader import HeartbeatLeadership, heartbeat_loop, recently_accepted
+from shard.uploads.logs import LogShipper
+from shard.uploads.results import ResultsUploader
 
 log = logging.getLogger("shard.run_shard")
 
@@ -32,6 +35,9 @@ LOG_FLUSH_S = 5.0
 # Once every process of the runs is gone, how long the loop still tries to record their ends before
 # it exits anyway (a database that fails every query must not keep a stopping shard alive).
 RECORD_GRACE_S = 5.0
+
+# A failing scheduler tick is retried within this long (or one tick, if longer).
+TICK_RETRY_CAP_S = 2.0
 
 
 class ShardProcess:
@@ -56,9 +62,14 @@ class ShardProcess:
             settings.FLEETSHARD_HEARTBEAT_INTERVAL_S,
             what="the shard's heartbeat",
             presence=scheduler.runner_id,
+            on_outbox=client.nudge.set,
         )
         # Why the shard stopped on its own (the master refused it); None when it was told to.
         self.fatal: str | None = None
+        # Called once the scheduler is done, before the heartbeat stops, unless the master refused the
+        # shard: an elastic worker releases its hosts here, so that a worker holding the shard's
+        # heartbeat itself (no manager beside it) still tells the master in its last heartbeats.
+        self.before_exit: Callable[[], None] | None = None
         self.scheduler_started = False
         self._heartbeat: threading.Thread | None = None
         # Ended runs' result files go to the master in a thread of their own: a slow master must
@@ -103,6 +114,8 @@ class ShardProcess:
             if self._wait_for_acceptance():
                 self.scheduler_started = True
                 self._loop()
+            if self.before_exit is not None and not self.fatal:
+                self.before_exit()
         finally:
             self.stop()
 
@@ -168,42 +181,64 @@ class ShardProcess:
         return True
 
     def _loop(self) -> None:
-        drain_deadline: float | None = None
-        stopping_since: float | None = None
-        busy_at = time.monotonic()
-        while True:
-            now = time.monotonic()
-            if self.scheduler.busy:
-                busy_at = now
-            elif self._idle_for_long(now - busy_at):
-                return
-            try:
-                if self.at_once.is_set():
-                    self.scheduler.stop_runs(at_once=True)
-                    stopping_since = stopping_since or now
-                elif self.draining.is_set():
-                    if drain_deadline is None:
-                        drain_deadline = now + self.drain_s
-                    if now >= drain_deadline and self.scheduler.runs:
-                        self.scheduler.stop_runs()
-                        stopping_since = stopping_since or now
-            except Exception:
-                log.exception("stopping the runs failed; retrying")
-            try:
-                # A connection broken by a database restart is dropped here and reopened by the next query.
-                close_old_connections()
-                runs = set(self.scheduler.runs)
-                self.scheduler.tick(start_new=not self.draining.is_set())
-                if set(self.scheduler.runs) != runs:
-                    # A run started or ended: the master hears of it now, not at the next interval.
-                    self.client.nudge.set()
-            except Exception:
-                # Keep watching the runs already started rather than leave them unattended.
-                log.exception("scheduler tick failed; retrying")
-            if self.draining.is_set() and self._may_exit(drain_deadline, stopping_since):
-                return
-            self.wake.wait(self.scheduler.config.tick_s)
-            self.wake.clear()
+        """Ticks the scheduler until the shard may exit. A failing tick is retried after a short
+        jittered back-off (common/loop.py), watching the runs already started rather than leaving
+        them unattended."""
+        self._drain_deadline: float | None = None
+        self._stopping_since: float | None = None
+        self._busy_at = time.monotonic()
+        self._exiting = False
+        tick_s = self.scheduler.config.tick_s
+        run_until_stopped(
+            self._step,
+            threading.Event(),
+            what="scheduler tick",
+            log=log,
+            backoff=Backoff(base_s=tick_s, cap_s=max(tick_s, TICK_RETRY_CAP_S)),
+            wait=self._pause,
+        )
+
+    def _pause(self, delay: float) -> None:
+        self.wake.wait(delay)
+        self.wake.clear()
+
+    def _step(self) -> float | None:
+        now = time.monotonic()
+        if self._exiting:
+            return None
+        if self.scheduler.busy:
+            self._busy_at = now
+        elif self._idle_for_long(now - self._busy_at):
+            return None
+        elif self.scheduler.done and not self.draining.is_set():
+            log.info("%s", self.scheduler.done)
+            self.exited_idle = True
+            self.draining.set()
+        try:
+            if self.at_once.is_set():
+                self.scheduler.stop_runs(at_once=True)
+                self._stopping_since = self._stopping_since or now
+            elif self.draining.is_set():
+                if self._drain_deadline is None:
+                    self._drain_deadline = now + self.drain_s
+                if now >= self._drain_deadline and self.scheduler.runs:
+                    self.scheduler.stop_runs()
+                    self._stopping_since = self._stopping_since or now
+        except Exception:
+            log.exception("stopping the runs failed; retrying")
+        try:
+            # A connection broken by a database restart is dropped here and reopened by the next query.
+            close_old_connections()
+            runs = set(self.scheduler.runs)
+            self.scheduler.tick(start_new=not self.draining.is_set())
+            if set(self.scheduler.runs) != runs:
+                # A run started or ended: the master hears of it now, not at the next interval.
+                self.client.nudge.set()
+                if runs - set(self.scheduler.runs):
+                    self.uploader.wake.set()
+        finally:
+            self._exiting = self.draining.is_set() and self._may_exit(self._drain_deadline, self._stopping_since)
+        return None if self._exiting else self.scheduler.config.tick_s
 
     def _idle_for_long(self, idle_s: float) -> bool:
         if self.exit_when_idle_s is None or self.draining.is_set() or idle_s < self.exit_when_idle_s:
@@ -236,7 +271,7 @@ class ShardProcess:
             return  # the process holding the heartbeat now sends them
         for _ in range(FINAL_HEARTBEATS):
             try:
-                if not OutboxEntry.objects.exists():
+                if not OutboxEntry.objects.exists() and not discovery_unacked():
                     return
                 self.client.tick()
             except (HeartbeatFailed, DatabaseError) as exc:

@@ -5,7 +5,7 @@ A job goes only when none of its HQEs is active or ended after the cutoff and no
 in the outbox: the master no longer sends a finished job, so nothing brings it back, and nothing
 the master has not acknowledged is lost. Nor while its runs may have result files still to send:
 a restarted uploader finds them by their run records, as far back as the retention plus the upload
-grace (shard/results_upload.py), so a shorter --older-than keeps those jobs that long.
+grace (shard/uploads/results.py), so a shorter --older-than keeps those jobs that long.
 
 Each batch takes the shard's write lock (shard.locks), so a purge beside a running `run_shard` keeps
 the one lock order. Run directories on disk have their own retention (FLEETSHARD_RESULTS_RETENTION_DAYS).

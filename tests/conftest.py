@@ -1,18 +1,46 @@
 """Fixtures shared by every test. Worlds are built through the master's own services."""
 
+import atexit
 import json
+import os
+import stat
+import tempfile
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
+from _pytest.pathlib import LOCK_TIMEOUT, make_numbered_dir_with_cleanup
 from django.db import connection
 from django.test import Client
 
 from common.constants import PROTOCOL_VERSION
 from common.models import Shard
 from master import services
+from tests.support import assert_status
 
 pytest_plugins = ["tests.support"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """As root, a session's temporary directories go under a directory of its own, not the shared
+    /tmp/pytest-of-root that every other root session (the other database's CI run, another
+    checkout's) makes 0700 again when it starts. Jobs run as the job user then, and pass through
+    every directory above their shard's data dir: a session starting during a run left the job
+    unable to open its own inputs ("Permission denied", not the test's fault). Sessions are kept
+    and cleaned up as pytest keeps its own (the newest 3 whose sessions ended); a temp root or
+    --basetemp given explicitly is left alone."""
+    if os.geteuid() != 0 or config.option.basetemp or os.environ.get("PYTEST_DEBUG_TEMPROOT"):
+        return
+    root = Path(tempfile.gettempdir()) / "fleetshard-pytest-of-root"
+    root.mkdir(mode=0o700, exist_ok=True)
+    info = root.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0:
+        raise pytest.UsageError(f"{root} is not a directory of root's: remove it")
+    own = make_numbered_dir_with_cleanup(
+        root=root, prefix="session-", mode=0o700, keep=3, lock_timeout=LOCK_TIMEOUT, register=atexit.register
+    )
+    os.environ["PYTEST_DEBUG_TEMPROOT"] = str(own)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -29,12 +57,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session", autouse=True)
 def own_cgroups() -> Any:
-    """The session's runs live under its own cgroup (common/settings/test.py); what is left there at
+    """The session's runs live under its own cgroup (server/settings/test.py); what is left there at
     the end is killed and the cgroups removed, so sessions neither reap each other nor leave litter."""
     yield
     from django.conf import settings
 
-    from shard.tracking import MECHANISMS, detect, remove_cgroup
+    from shard.run.tracking import MECHANISMS, detect, remove_cgroup
 
     for mechanism in MECHANISMS[1:-1]:
         tracker = detect(mechanism, settings.FLEETSHARD_CGROUP_NAME)
@@ -103,7 +131,7 @@ class Heartbeat:
 
     def __call__(self, shard: Shard, token: str, expect: int = 200, **kwargs: Any) -> dict[str, Any]:
         resp = self.post_raw(json.dumps(self.body(shard, **kwargs)), token)
-        assert resp.status_code == expect, resp.content
+        assert_status(resp, expect)
         return resp.json()
 
 
@@ -120,7 +148,7 @@ def db_vendor() -> str:
 @pytest.fixture(scope="session")
 def news_listener(django_db_setup: None, django_db_blocker: Any) -> Any:
     """This process's change listener, stopped before the test database is dropped."""
-    from master.notifier import news_board, stop_listener
+    from master.sync.notifier import news_board, stop_listener
 
     with django_db_blocker.unblock():
         board = news_board()

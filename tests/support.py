@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ import psycopg2
 import pytest
 import requests
 from django.conf import settings
+from django.db import connection, transaction
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -84,8 +86,8 @@ class Role:
             k: v for k, v in os.environ.items() if not k.startswith("FLEETSHARD_") and k != "DJANGO_ALLOW_ASYNC_UNSAFE"
         }
         env.update(
-            # The role's own settings, never the suite's (common.settings.test installs both roles).
-            DJANGO_SETTINGS_MODULE="common.settings",
+            # The role's own settings, never the suite's (server.settings.test installs both roles).
+            DJANGO_SETTINGS_MODULE="server.settings",
             FLEETSHARD_ROLE=self.role,
             DATABASE_URL=self.database_url,
             FLEETSHARD_DATA_DIR=str(self.data_dir),
@@ -94,7 +96,7 @@ class Role:
             PYTHONUNBUFFERED="1",
         )
         if "FLEETSHARD_CGROUP_NAME" in os.environ:
-            # The session's own cgroup root (common/settings/test.py): another session's shards never reap ours.
+            # The session's own cgroup root (server/settings/test.py): another session's shards never reap ours.
             env["FLEETSHARD_CGROUP_NAME"] = os.environ["FLEETSHARD_CGROUP_NAME"]
         env.update(self.extra_env)
         env.update(more)
@@ -129,6 +131,14 @@ class Role:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+
+def assert_status(response: Any, expected: int) -> None:
+    """Asserts an HTTP response's status (Django's test client or requests), showing its body when it
+    is another: a failing status then says why."""
+    if response.status_code != expected:
+        body = getattr(response, "content", b"")
+        raise AssertionError(f"status {response.status_code}, expected {expected}; body: {body[:2000]!r}")
 
 
 def wait_until(predicate: Any, timeout: float = 30.0, interval: float = 0.2, what: str = "condition") -> Any:
@@ -305,3 +315,96 @@ def tokens_just_used() -> None:
     from master.models import Token
 
     Token.objects.update(last_used=timezone.now())
+
+
+def assert_waits_for(holder: Any, waiter: Any, what: str) -> None:
+    """Runs `holder` in a transaction that stays open, then `waiter` in another thread, and shows that
+    `waiter` blocks on the holder's locks until that transaction commits; neither may fail.
+    (PostgreSQL: each runs on its own thread's connection.)"""
+    written, release = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                holder()
+                written.set()
+                release.wait(10)
+        except BaseException as exc:  # noqa: BLE001  # reported below
+            errors.append(exc)
+        finally:
+            written.set()
+            connection.close()
+
+    def wait() -> None:
+        try:
+            written.wait(10)
+            waiter()
+        except BaseException as exc:  # noqa: BLE001  # reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=hold), threading.Thread(target=wait)]
+    for thread in threads:
+        thread.start()
+    written.wait(10)
+    threads[1].join(1.0)
+    assert threads[1].is_alive(), what
+    release.set()
+    for thread in threads:
+        thread.join(30)
+    assert errors == [], errors
+
+
+class SilentDropProxy:
+    """A TCP proxy on loopback whose `drop()` makes the connections open now go silent for good, as a
+    partition or a NAT that forgot them would: nothing more is forwarded either way and nothing is
+    closed; connections made afterwards are forwarded as usual."""
+
+    def __init__(self, target_port: int) -> None:
+        import threading
+
+        self.target_port = target_port
+        self.server = socket.socket()
+        self.server.bind(("127.0.0.1", 0))
+        self.server.listen(16)
+        self.port = self.server.getsockname()[1]
+        self._lock = threading.Lock()
+        self._generation = 0
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def drop(self) -> None:
+        with self._lock:
+            self._generation += 1
+
+    def close(self) -> None:
+        self.server.close()
+        with self._lock:
+            for s in self._sockets:
+                s.close()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
+            upstream.settimeout(None)
+            with self._lock:
+                generation = self._generation
+                self._sockets += [client, upstream]
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(src, dst, generation), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, generation: int) -> None:
+        try:
+            while data := src.recv(65536):
+                if self._generation == generation:
+                    dst.sendall(data)
+        except OSError:
+            pass

@@ -66,3 +66,24 @@ def test_ci_script_fails_when_either_databases_run_fails(tmp_path):
         )
         assert (result.returncode != 0) == bool(expected), (pg, sq, result.stdout, result.stderr)
         assert "[postgres] pg" in result.stdout and "[sqlite] sqlite" in result.stdout
+
+
+def test_make_demo_builds_a_runtime_venv_without_the_test_extras():
+    """`make demo` is for trying fleetshard: pytest, playwright, schemathesis and mypy are half a gigabyte."""
+    dry = subprocess.run(
+        ["make", "--no-print-directory", "-n", "-B", "demo", "VENV=/nonexistent/venv"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "--require-hashes -r requirements-runtime.lock" in dry and "requirements.lock" not in dry
+    assert dry.rstrip().endswith("scripts/demo.py")
+    tests = subprocess.run(
+        ["make", "--no-print-directory", "-n", "-B", "test", "VENV=/nonexistent/venv"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "--require-hashes -r requirements.lock" in tests

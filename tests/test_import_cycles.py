@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("common", "master", "shard", "cli")
+PACKAGES = ("common", "server", "master", "shard", "cli")
 
 
 def module_names(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:
@@ -131,3 +131,107 @@ def test_a_lazy_import_back_is_a_cycle(tmp_path):
     graph = import_graph(tmp_path, ("pkg",))
     assert graph["pkg.d"] == {"pkg.a"}
     assert cycles(graph) == [["pkg.a", "pkg.b", "pkg.c", "pkg.a"]]
+
+
+# Who may import whom (docs/architecture.md). A module is ruled by the longest key below that is its name
+# or a package above it; it may import the project modules under that key and under the key's values,
+# nothing else.
+SHARD_STATE = ["shard.models", "shard.services", "shard.outbox", "shard.locks"]
+ALLOWED_IMPORTS: dict[str, list[str]] = {
+    # The shared model and libraries: nothing of either role, the project or the command line.
+    "common": [],
+    # The command line talks to the REST API only: of ours, only pure rules and words, never Django.
+    "cli": [
+        "common.ab",
+        "common.blobs",
+        "common.constants",
+        "common.errors",
+        "common.network",
+        "common.syntax",
+        "common.units",
+    ],
+    # The Django project (settings, URLconfs, wsgi, manage, serve): the one place that sees both roles.
+    "server": ["common", "master", "shard"],
+    "master": ["common"],
+    # Tokens, authentication and the audit trail's writer: below every other part of the master.
+    "master.access": ["common", "master.models"],
+    "shard": ["common"],
+    # The shard's state: its database and every change to it, below everything else of the shard.
+    **{module: ["common", *SHARD_STATE] for module in SHARD_STATE},
+    # Talking to the master.
+    "shard.sync": ["common", *SHARD_STATE],
+    # Running jobs: a run's process, host and directory, its inputs and outputs; it asks the heartbeat lock
+    # who is alive.
+    "shard.run": ["common", *SHARD_STATE, "shard.blobs", "shard.config", "shard.sync.leader"],
+    # A job's inputs (the shard's cache of the master's blobs) and its outputs: fetched and sent through the
+    # sync, opened the way runs open files, reached by the job's user.
+    "shard.blobs": ["common", *SHARD_STATE, "shard.sync", "shard.run.executor", "shard.run.isolation"],
+    # What a run left goes up: logs and result files.
+    "shard.uploads": ["common", *SHARD_STATE, "shard.config", "shard.sync", "shard.run", "shard.blobs"],
+    "shard.elastic": ["common", *SHARD_STATE, "shard.run"],
+}
+# Only these may import the key: the master's outer layers (the REST API, the admin, the heartbeat endpoint,
+# the metrics and overview pages) only the URLconf (the admin shows the overview's counts too); what a shard
+# process runs only its commands.
+IMPORTED_ONLY_BY: dict[str, list[str]] = {
+    "master.api": ["server.urls"],
+    "master.admin": ["server.urls"],
+    "master.sync.endpoint": ["server.urls"],
+    "master.observe": ["server.urls", "master.admin"],
+    "shard.process": ["shard.management"],
+    "shard.uploads": ["shard.process"],
+    "shard.elastic": ["shard.management"],
+}
+
+
+def under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(f"{prefix}.")
+
+
+def rule_of(name: str, table: dict[str, list[str]]) -> str | None:
+    keys = [key for key in table if under(name, key)]
+    return max(keys, key=len) if keys else None
+
+
+def broken_rules(graph: dict[str, set[str]], allowed: dict[str, list[str]], only_by: dict[str, list[str]]) -> list[str]:
+    broken = []
+    for name, targets in sorted(graph.items()):
+        key = rule_of(name, allowed)
+        for target in sorted(targets):
+            if key is not None and not any(under(target, ok) for ok in [key, *allowed[key]]):
+                broken.append(f"{name} imports {target} ({key} may import only {', '.join(allowed[key]) or 'itself'})")
+            inner = rule_of(target, only_by)
+            if inner and not under(name, inner) and not any(under(name, ok) for ok in only_by[inner]):
+                broken.append(f"{name} imports {target} (only {', '.join(only_by[inner])} may)")
+    return broken
+
+
+def test_every_module_imports_only_what_its_layer_may():
+    broken = broken_rules(import_graph(ROOT, PACKAGES), ALLOWED_IMPORTS, IMPORTED_ONLY_BY)
+    assert not broken, "imports against docs/architecture.md:\n" + "\n".join(broken)
+
+
+def test_every_rule_names_modules_that_exist():
+    """A rule left behind by a move (a name that matches nothing) would hold nothing true."""
+    graph = import_graph(ROOT, PACKAGES)
+    names = [
+        *ALLOWED_IMPORTS,
+        *IMPORTED_ONLY_BY,
+        *(v for vs in [*ALLOWED_IMPORTS.values(), *IMPORTED_ONLY_BY.values()] for v in vs),
+    ]
+    missing = sorted({n for n in names if not any(under(m, n) for m in graph) and n.split(".")[0] in PACKAGES})
+    assert not missing, f"rules name modules that do not exist: {missing}"
+
+
+def test_a_rule_catches_an_import_it_forbids():
+    graph = {
+        "shard.sync.client": {"shard.run.scheduler"},
+        "cli.main": {"common.models"},
+        "master.services.x": {"master.api.y"},
+    }
+    broken = broken_rules(graph, ALLOWED_IMPORTS, IMPORTED_ONLY_BY)
+    assert [line.split(" (")[0] for line in broken] == [
+        "cli.main imports common.models",
+        "master.services.x imports master.api.y",
+        "shard.sync.client imports shard.run.scheduler",
+    ]

@@ -16,11 +16,11 @@ import pytest
 import requests
 
 from common.constants import CLIENT_VERSION
-from tests.support import ROOT, drop_database, free_port, fresh_database_url, wait_until
+from tests.support import ROOT, assert_status, drop_database, free_port, fresh_database_url, wait_until
 
 pytestmark = pytest.mark.e2e
 
-SOURCES = ("pyproject.toml", "README.md", "common", "master", "shard", "cli")
+SOURCES = ("pyproject.toml", "README.md", "common", "server", "master", "shard", "cli")
 
 
 def run(cmd: list[str], *, env: dict[str, str] | None = None, cwd: Path, timeout: float = 300) -> str:
@@ -119,7 +119,7 @@ def test_the_wheel_installs_and_runs_a_master_without_the_checkout(tmp_path):
                     return False
 
             wait_until(ready, timeout=60, what="the installed master to be ready")
-            assert requests.get(base + "/admin/login/", timeout=5).status_code == 200
+            assert_status(requests.get(base + "/admin/login/", timeout=5), 200)
             for asset in ("/static/master/vendor/uplot/uPlot.min.css", "/static/admin/css/base.css"):
                 assert requests.get(base + asset, timeout=5).status_code == 200, asset
             root = requests.get(base + "/api/v1/", headers={"Authorization": f"Bearer {token}"}, timeout=5)

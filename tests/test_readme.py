@@ -6,15 +6,18 @@ Each command's output (stdout and stderr together, as a terminal shows them) mus
 after it, where `#   ...` stands for any lines and times and tokens match any time and token.
 """
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from tests.support import ROOT, free_port
+import requests
+
+from tests.support import ROOT, free_port, wait_until
 
 README = ROOT / "README.md"
 OUTPUT = "#   "
@@ -82,6 +85,14 @@ def clone_like(tmp: Path) -> Path:
     return where
 
 
+def group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
 def end_group(pgid: int) -> None:
     """The walkthrough's background processes (master, shard) share the script's process group."""
     for sig, wait_s in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 5.0)):
@@ -89,13 +100,9 @@ def end_group(pgid: int) -> None:
             os.killpg(pgid, sig)
         except ProcessLookupError:
             return
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.2)
+        with contextlib.suppress(AssertionError):
+            wait_until(lambda: group_gone(pgid), timeout=wait_s, what="the walkthrough's processes to end")
+            return
 
 
 def test_the_readme_walkthrough_runs_as_written(tmp_path):
@@ -111,6 +118,8 @@ def test_the_readme_walkthrough_runs_as_written(tmp_path):
         PATH=os.environ.get("PATH", "/usr/bin:/bin"),
     )
     text = script(steps).replace("127.0.0.1:8000", f"127.0.0.1:{port}")
+    for step in steps:
+        step.expected = [line.replace("127.0.0.1:8000", f"127.0.0.1:{port}") for line in step.expected]
     proc = subprocess.Popen(
         ["bash", "-c", text],
         cwd=where,
@@ -120,7 +129,9 @@ def test_the_readme_walkthrough_runs_as_written(tmp_path):
         start_new_session=True,
     )
     try:
-        out, _ = proc.communicate(timeout=120)
+        out, _ = proc.communicate(timeout=180)
+        # The master the walkthrough started still serves: the admin it points at works as it says.
+        admin = admin_pages(f"http://127.0.0.1:{port}", steps)
     finally:
         end_group(proc.pid)
     logs = "\n".join(f"--- {p.name}:\n{p.read_text()[-3000:]}" for p in sorted((where / "var").glob("*.log")))
@@ -136,3 +147,37 @@ def test_the_readme_walkthrough_runs_as_written(tmp_path):
                 f"step {i}: {step.command!r} printed:\n" + "\n".join(actual) + "\nthe README shows:\n"
                 + "\n".join(step.expected) + f"\n{logs}"
             )  # fmt: skip
+    assert admin["login"] == 302 and admin["index"] == 200, admin
+    assert admin["entries"] == 200 and admin["chart"] == 200 and "BM_copy" in admin["chart_text"], admin
+
+
+def admin_pages(server: str, steps: list[Step]) -> dict[str, Any]:
+    """Logs into the admin as the walkthrough's set_password step says, then opens the benchmark chart of
+    the walkthrough's job; the status of each page (and the chart's text)."""
+    (command,) = [s.command for s in steps if "set_password" in s.command]
+    password = re.search(r"echo '([^']+)'", command)
+    assert password is not None, command
+    session = requests.Session()
+    session.get(f"{server}/admin/login/", timeout=10)
+    login = session.post(
+        f"{server}/admin/login/?next=/admin/",
+        data={
+            "username": "alice",
+            "password": password[1],
+            "csrfmiddlewaretoken": session.cookies.get("csrftoken", ""),
+            "next": "/admin/",
+        },
+        headers={"Referer": f"{server}/admin/login/"},
+        allow_redirects=False,
+        timeout=10,
+    )
+    index = session.get(f"{server}/admin/", timeout=10)
+    entries = session.get(f"{server}/admin/benchmarks/entries/", params={"test": "copy"}, timeout=10)
+    chart = session.get(f"{server}/admin/benchmarks/chart/", params={"test": "copy", "entry": "BM_copy"}, timeout=10)
+    return {
+        "login": login.status_code,
+        "index": index.status_code,
+        "entries": entries.status_code,
+        "chart": chart.status_code,
+        "chart_text": chart.text,
+    }

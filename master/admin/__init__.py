@@ -9,6 +9,6 @@ Changelists load everything a row shows in a fixed number of queries, whatever t
 Django's autodiscovery imports this package; importing the topic modules registers their pages.
 """
 
-from master.admin import audit, hosts, jobs, labels, results, shards, site, tokens
+from master.admin import audit, hosts, jobs, labels, notify, results, shards, site, tokens, users
 
-__all__ = ["audit", "hosts", "jobs", "labels", "results", "shards", "site", "tokens"]
+__all__ = ["audit", "hosts", "jobs", "labels", "notify", "results", "shards", "site", "tokens", "users"]

@@ -16,8 +16,8 @@ from django.urls import reverse
 
 from common.errors import FleetshardError
 from master import services
+from master.access.audit import records_of, target
 from master.admin.forms import ConfirmForm
-from master.audit import records_of, target
 
 Apply = Callable[[dict[str, Any], list[Any]], str]
 

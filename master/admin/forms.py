@@ -9,6 +9,7 @@ from typing import Any
 
 from django import forms
 
+from common.constants import DEFAULT_MAX_RUNTIME_MINS, DEFAULT_TIMEOUT_MINS
 from common.models import Label, Shard
 
 
@@ -146,3 +147,43 @@ class TokenCreateForm(forms.Form):
         if data.get("kind") == self.SHARD and not data.get("shard"):
             self.add_error("shard", "a shard token needs a shard")
         return data
+
+
+class JobCreateForm(forms.Form):
+    """A job as `fleetshard job create` takes it: the same syntax for meta-hosts and priority."""
+
+    name = forms.CharField(max_length=255)
+    command = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 80}), help_text="Run with /bin/sh -c on each host."
+    )
+    meta_hosts = forms.CharField(
+        required=False, help_text="LABEL[*N], separated by commas: any N different hosts with LABEL (board:pixel7*2)."
+    )
+    hosts = forms.CharField(required=False, help_text="Or these hosts, separated by spaces or commas.")
+    dependency_labels = LabelMultipleChoiceField(
+        queryset=_labels(), to_field_name="name", required=False, help_text="Labels every host needs."
+    )
+    priority = forms.CharField(initial="default", help_text="low, default, high, super or a number.")
+    timeout_mins = forms.IntegerField(
+        min_value=1, initial=DEFAULT_TIMEOUT_MINS, help_text="Expire if still queued after."
+    )
+    max_runtime_mins = forms.IntegerField(min_value=1, initial=DEFAULT_MAX_RUNTIME_MINS, help_text="Kill after.")
+    keyvals = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2, "cols": 60}),
+        help_text="KEY=VALUE, one per line; jobs see them as FLEETSHARD_KEYVAL_KEY.",
+    )
+
+    def clean_hosts(self) -> list[str]:
+        return split_names(self.cleaned_data["hosts"])
+
+    def clean_keyvals(self) -> dict[str, str]:
+        keyvals: dict[str, str] = {}
+        for number, line in enumerate(self.cleaned_data["keyvals"].splitlines(), 1):
+            if not line.strip():
+                continue
+            key, sep, value = line.partition("=")
+            if not sep:
+                raise forms.ValidationError(f"line {number}: {line.strip()!r} is not KEY=VALUE")
+            keyvals[key.strip()] = value.strip()
+        return keyvals

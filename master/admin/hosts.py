@@ -14,9 +14,10 @@ from django.utils.safestring import SafeString
 from common.admin_ui import HostColumns
 from common.errors import FleetshardError
 from common.models import Host, HostQueueEntry, Label
-from master import lookups, services
+from master import services
 from master.admin.base import ServiceAdmin, form_action, listed, names_of, with_moves
 from master.admin.forms import HostCreateForm, LabelForm, LockForm
+from master.services import lookups
 
 
 def _run(entry: HostQueueEntry) -> SafeString:

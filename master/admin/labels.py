@@ -12,7 +12,7 @@ from common.models import Label
 from master import services
 from master.admin.base import ServiceAdmin, form_action, listed, names_of, with_moves
 from master.admin.forms import LabelCreateForm
-from master.overview import annotate_labels
+from master.observe.overview import annotate_labels
 
 
 @admin.register(Label)

@@ -16,7 +16,7 @@ from common.models import Label, Shard, offline_after_s
 from master import services
 from master.admin.base import ServiceAdmin, form_action, listed, names_of, only_one, with_moves
 from master.admin.forms import LabelForm, LabelsForm, ShardCreateForm
-from master.overview import annotate_shards, host_badges
+from master.observe.overview import annotate_shards, host_badges
 
 
 class OnlineFilter(admin.SimpleListFilter):

@@ -4,7 +4,6 @@ log as text from a byte offset (GET /api/v1/jobs/{id}/log), so a follower fetche
 
 from typing import Any
 
-from django.http import HttpRequest
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.types import OpenApiTypes
@@ -18,9 +17,11 @@ from rest_framework.views import APIView
 from common.constants import MAX_LOG_CHUNK_BYTES, MAX_LOG_READ_BYTES
 from common.errors import FleetshardError, NotFound
 from common.models import HostQueueEntry, Job
+from master.access.authentication import PersonalTokenAuthentication, ShardPrincipal
 from master.api.schema import FleetshardAutoSchema
 from master.api.serializers import INT64_MAX, ErrorSerializer
-from master.auth import PersonalTokenAuthentication, ShardPrincipal
+from master.api.uploads import OctetStreamView, foreign_hqe, read_body
+from master.api.uploads import error as _error
 from master.logs.store import LogGap, append_log, read_log
 
 ERROR = ErrorSerializer
@@ -92,29 +93,11 @@ def _flag(raw: str | None, name: str) -> bool:
     return value in ("true", "1")
 
 
-def _read_chunk(request: HttpRequest) -> bytes | None:
-    """The body, or None when it is over MAX_LOG_CHUNK_BYTES (read no further than that)."""
-    declared = request.META.get("CONTENT_LENGTH") or "0"
-    if declared.isdigit() and int(declared) > MAX_LOG_CHUNK_BYTES:
-        return None
-    data = request.read(MAX_LOG_CHUNK_BYTES + 1)
-    if len(data) > MAX_LOG_CHUNK_BYTES:
-        return None
-    request._body = data  # as request.body would keep it, for whatever reads it after the view
-    return data
-
-
-def _error(status_code: int, message: str, field: str | None, **detail: Any) -> Response:
-    return Response({"error": message, "detail": {"field": field, **detail}}, status=status_code)
-
-
-class LogAppendView(APIView):
+class LogAppendView(OctetStreamView):
     """POST /api/v1/logs/append?hqe=ID&offset=N[&final=true]: bytes of one run's log, from a shard."""
 
-    schema = FleetshardAutoSchema()
     authentication_classes = [ShardLogAuthentication]
     permission_classes = [IsShard]
-    parser_classes: list[Any] = []
 
     @extend_schema(
         operation_id="logs_append",
@@ -146,12 +129,9 @@ class LogAppendView(APIView):
         hqe_id = _number(params.get("hqe"), "hqe", low=1)
         offset = _number(params.get("offset"), "offset")
         final = _flag(params.get("final"), "final")
-        owner = HostQueueEntry.objects.filter(id=hqe_id).values_list("id", "job__shard_id").first()
-        if owner is None:
-            return _error(404, f"hqe: unknown HQE {hqe_id}", "hqe")
-        if owner[1] != shard.id:
-            return _error(403, f"hqe: HQE {hqe_id} is not of a job on shard {shard.hostname}", "hqe")
-        data = _read_chunk(request._request)
+        if (refused := foreign_hqe(hqe_id, shard)) is not None:
+            return refused
+        data = read_body(request._request, MAX_LOG_CHUNK_BYTES)
         if data is None:
             return _error(413, f"body: a log chunk is at most {MAX_LOG_CHUNK_BYTES} bytes", "body")
         if offset + len(data) > INT64_MAX:
@@ -225,7 +205,8 @@ class JobLogView(APIView):
             raise NotFound(f"job {job_id} has no entries", field="id")
         if len(found) > 1:
             raise FleetshardError(
-                f"hqe: job {job_id} has {hqes.count()} entries: name one with hqe (`fleetshard job stat` lists them)",
+                f"hqe: job {job_id} has {hqes.count()} entries: name one with --hqe N (hqe=N in the API; "
+                f"`fleetshard job stat {job_id}` lists them)",
                 field="hqe",
             )
         hqe = found[0]

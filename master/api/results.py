@@ -1,12 +1,10 @@
 """REST endpoints of benchmark results under /api/v1/results/: the upload of one result file (a
-person's token or a shard's) and the queries of DESIGN.md ("Benchmark results"), whose field names
+person's token or a shard's) and the queries of docs/design.md ("Benchmark results"), whose field names
 are the CLI's JSON."""
 
 from typing import Any
 
-from django.http import HttpRequest
 from django.utils import timezone
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, serializers, status
 from rest_framework.permissions import BasePermission
@@ -14,18 +12,21 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from common.constants import MAX_RESULT_FILE_BYTES, MAX_RESULT_REASON_CHARS
+from common.constants import MAX_RESULT_FILE_BYTES, MAX_RESULT_REASON_CHARS, HQEStatus
 from common.errors import FleetshardError, NotFound
 from common.models import Host, HostQueueEntry, Job, Shard
+from common.result_formats import ResultFormatError
+from common.syntax import parse_repeat_number, parse_variant_name
+from master.access.authentication import ResultsUploadAuthentication, ShardPrincipal
 from master.api.filters import parse_since
 from master.api.parsers import BoundedJSONParser
 from master.api.permissions import AdminPermissionsOrReadOnly
 from master.api.schema import FleetshardAutoSchema
 from master.api.serializers import INT64_MAX, ErrorSerializer, QuarantinedSerializer
+from master.api.uploads import FILE_BODY, OctetStreamView, read_body
+from master.api.uploads import error as _error
 from master.api.views import _Base
-from master.auth import ResultsUploadAuthentication, ShardPrincipal
-from master.results import queries
-from master.results.formats import ResultFormatError
+from master.results import compare, queries
 from master.results.ingest import record_rejection, record_shard_quarantine, store_result_file
 from master.results.models import REGRESSION_FIELDS, Regression, RegressionStatus, TestRun
 from master.results.regressions import parse_status, set_regression_status
@@ -57,7 +58,22 @@ class RunSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = TestRun
-        fields = ["id", "test", "start", "job", "hqe", "host", "shard", "entries", "label", "format", "created_on"]
+        fields = [
+            "id",
+            "test",
+            "start",
+            "job",
+            "hqe",
+            "host",
+            "shard",
+            "entries",
+            "label",
+            "format",
+            "created_on",
+            "revision",
+            "variant",
+            "repeat",
+        ]
         read_only_fields = fields
 
 
@@ -158,14 +174,18 @@ class ResultTestViewSet(_ResultsBase):
         return queries.tests(_since(self.request))
 
 
-@extend_schema(tags=["results"], parameters=[TEST, SINCE])
+REVISION = OpenApiParameter("revision", str, description="Only runs that measured this revision.")
+
+
+@extend_schema(tags=["results"], parameters=[TEST, SINCE, REVISION])
 class ResultRunViewSet(_ResultsBase):
     """A test's runs (one per result file), newest first."""
 
     serializer_class = RunSerializer
 
     def get_queryset(self) -> Any:
-        return queries.runs(_required(self.request, "test"), _since(self.request))
+        params = self.request.query_params
+        return queries.runs(_required(self.request, "test"), _since(self.request), revision=params.get("revision"))
 
 
 @extend_schema(
@@ -249,43 +269,26 @@ class MayUploadResults(BasePermission):
         )
 
 
-def _error(status_code: int, message: str, field: str | None) -> Response:
-    return Response({"error": message, "detail": {"field": field}}, status=status_code)
-
-
-def _read_body(request: HttpRequest) -> bytes | None:
-    """The raw body, or None when it is over MAX_RESULT_FILE_BYTES; read here, past Django's 10 MiB bound
-    on request.body, since a result file may be up to 16 MiB."""
-    declared = request.META.get("CONTENT_LENGTH") or "0"
-    if declared.isdigit() and int(declared) > MAX_RESULT_FILE_BYTES:
-        return None
-    data = request.read(MAX_RESULT_FILE_BYTES + 1)
-    if len(data) > MAX_RESULT_FILE_BYTES:
-        return None
-    request._body = data  # as request.body would keep it, for whatever reads it after the view
-    return data
-
-
 ERROR = ErrorSerializer
 
 
-class ResultUploadView(APIView):
+class ResultUploadView(OctetStreamView):
     """POST /api/v1/results/upload?name=FILE[&hqe=ID]: the raw bytes of one result file."""
 
-    schema = FleetshardAutoSchema()
     authentication_classes = [ResultsUploadAuthentication]
     permission_classes = [MayUploadResults]
-    parser_classes: list[Any] = []
 
     @extend_schema(
         operation_id="results_upload",
         tags=["results"],
-        request={"application/json": OpenApiTypes.OBJECT, "application/octet-stream": OpenApiTypes.BINARY},
+        request=FILE_BODY,
         parameters=[
             OpenApiParameter("name", str, required=True, description="The file's base name, for messages."),
             OpenApiParameter(
                 "hqe", int, description="With a shard's token only: the HQE (of a job on that shard) it came from."
             ),
+            OpenApiParameter("variant", str, description="The A/B variant the run measured."),
+            OpenApiParameter("repeat", int, description="Which repeat of the A/B run it is (1 to 1000)."),
         ],
         responses={
             200: OpenApiResponse(UploadSerializer, description="The same file was stored before; nothing new."),
@@ -295,7 +298,9 @@ class ResultUploadView(APIView):
             403: OpenApiResponse(ERROR, description="Not allowed: a person without permission, another shard's HQE."),
             404: OpenApiResponse(ERROR, description="Unknown HQE."),
             409: OpenApiResponse(
-                ERROR, description="The master has not heard which host ran the HQE yet: send it again later."
+                ERROR,
+                description="The master has not heard which host ran the HQE yet (it has not ended there):"
+                " send it again later.",
             ),
             413: OpenApiResponse(ERROR, description="The file is larger than 16 MiB."),
         },
@@ -307,19 +312,30 @@ class ResultUploadView(APIView):
         try:
             name = _file_name(request)
             hqe = _shard_hqe(request.query_params.get("hqe"), shard)
+            variant, repeat = _ab_tags(request)
         except _Refused as refused:
             return refused.response
-        if hqe is not None and hqe.host_id is None:
+        if hqe is not None and hqe.host_id is None and hqe.status not in HQEStatus.TERMINAL:
             # The shard's heartbeat naming the run's host has not arrived yet: the shard keeps the file
-            # and sends it again on its next pass, so the run is filed under its host.
+            # and sends it again on its next pass, so the run is filed under its host. An HQE the master
+            # knows ended without a host had it deleted (a host with an active HQE cannot be): its
+            # results are stored with no host, under their shard, rather than refused forever.
             return _error(
                 409, f"hqe: HQE {hqe.id} has no host on the master yet: send it after the next heartbeat", None
             )
-        data = _read_body(request._request)
+        data = read_body(request._request, MAX_RESULT_FILE_BYTES)
         if data is None:
             return _error(413, f"{name}: larger than {MAX_RESULT_FILE_BYTES} bytes", "body")
         try:
-            stored = store_result_file(data, name, hqe=hqe, shard=shard, acting_user=None if shard else caller)
+            stored = store_result_file(
+                data,
+                name,
+                hqe=hqe,
+                shard=shard,
+                acting_user=None if shard else caller,
+                variant=variant,
+                repeat=repeat,
+            )
         except ResultFormatError as exc:
             if hqe is not None:
                 record_rejection(hqe, name, data, exc)
@@ -335,6 +351,19 @@ def _file_name(request: Request) -> str:
     if not name or len(name) > 255 or "\x00" in name:
         raise _Refused(400, "the name query parameter (the file's name, 1-255 characters) is required", "name")
     return name
+
+
+def _ab_tags(request: Request) -> tuple[str, int | None]:
+    """The `variant` and `repeat` of an A/B run's result file; both or neither."""
+    variant, repeat = request.query_params.get("variant"), request.query_params.get("repeat")
+    if variant is None and repeat is None:
+        return "", None
+    if variant is None or repeat is None:
+        raise _Refused(400, "variant and repeat: give both for an A/B run's file, or neither", "variant")
+    try:
+        return parse_variant_name(variant), parse_repeat_number(repeat)
+    except FleetshardError as exc:
+        raise _Refused(400, str(exc), exc.field or "variant") from exc
 
 
 def _shard_hqe(raw: str | None, shard: Shard | None) -> HostQueueEntry | None:
@@ -411,3 +440,69 @@ class ResultQuarantinedView(APIView):
             QuarantineRecordSerializer({"created": recorded.created, "quarantined": recorded.rejection}).data,
             status=status.HTTP_201_CREATED if recorded.created else status.HTTP_200_OK,
         )
+
+
+# Comparisons
+
+
+class CompareRowSerializer(serializers.Serializer):
+    test = serializers.CharField(read_only=True)
+    entry = serializers.CharField(read_only=True)
+    base_median_s = serializers.FloatField(read_only=True, allow_null=True, help_text="The base side's median, s.")
+    new_median_s = serializers.FloatField(read_only=True, allow_null=True, help_text="The new side's median, s.")
+    change_pct = serializers.FloatField(read_only=True, allow_null=True, help_text="new median over base median, %.")
+    ci_low_pct = serializers.FloatField(read_only=True, allow_null=True, help_text="95% interval of the change, low.")
+    ci_high_pct = serializers.FloatField(read_only=True, allow_null=True, help_text="95% interval of the change, high.")
+    p_value = serializers.FloatField(
+        read_only=True, allow_null=True, help_text="Mann-Whitney's p, corrected across entries (Benjamini-Hochberg)."
+    )
+    base_runs = serializers.IntegerField(read_only=True, help_text="Timings on the base side.")
+    new_runs = serializers.IntegerField(read_only=True, help_text="Timings on the new side.")
+    verdict = serializers.ChoiceField(
+        read_only=True, choices=["slower", "faster", "no change", "too few runs"], help_text="What the numbers say."
+    )
+
+
+SIDE_HELP = "JOB_ID (a job's results), JOB_ID:VARIANT (one variant of an A/B job) or rev:REVISION."
+
+
+class CompareView(APIView):
+    """GET /api/v1/results/compare?base=SIDE&new=SIDE: two sides' timings, entry by entry."""
+
+    schema = FleetshardAutoSchema()
+    permission_classes = [AdminPermissionsOrReadOnly]
+
+    @extend_schema(
+        operation_id="results_compare",
+        tags=["results"],
+        parameters=[
+            OpenApiParameter("base", str, required=True, description=f"The baseline: {SIDE_HELP}"),
+            OpenApiParameter("new", str, required=True, description=f"What is compared with it: {SIDE_HELP}"),
+            OpenApiParameter("test", str, description="Only this test's entries."),
+            OpenApiParameter("label", str, description="Only runs on hosts with this board label."),
+            OpenApiParameter(
+                "min_change", float, description="The least change in percent that counts as one (default 2)."
+            ),
+        ],
+        responses={
+            200: OpenApiResponse(
+                CompareRowSerializer(many=True), description="One row per entry, largest slowdown first."
+            ),
+            400: OpenApiResponse(ERROR, description="A malformed side, a side without results, or too many timings."),
+            401: OpenApiResponse(ERROR, description="Missing or unknown token."),
+        },
+    )
+    def get(self, request: Request) -> Response:
+        """Compares each entry's timings on two sides: medians, change, its 95% interval, p-value, verdict."""
+        params = request.query_params
+        bad = sorted(key for key, values in params.lists() if any("\x00" in v for v in values))
+        if bad:
+            raise FleetshardError(f"{bad[0]}: null characters are not allowed", field=bad[0])
+        rows = compare.compare_sides(
+            compare.parse_side(_required(request, "base"), "base"),
+            compare.parse_side(_required(request, "new"), "new"),
+            test=params.get("test"),
+            label=params.get("label"),
+            min_change_pct=compare.parse_min_change(params.get("min_change")),
+        )
+        return Response(rows)

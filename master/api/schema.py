@@ -9,7 +9,7 @@ from master.api.serializers import ErrorSerializer
 
 
 class PersonalTokenScheme(OpenApiAuthenticationExtension):
-    target_class = "master.auth.PersonalTokenAuthentication"
+    target_class = "master.access.authentication.PersonalTokenAuthentication"
     name = "personalToken"
 
     def get_security_definition(self, auto_schema: AutoSchema) -> dict[str, Any]:
@@ -21,7 +21,7 @@ class PersonalTokenScheme(OpenApiAuthenticationExtension):
 
 
 class ResultsUploadScheme(OpenApiAuthenticationExtension):
-    target_class = "master.auth.ResultsUploadAuthentication"
+    target_class = "master.access.authentication.ResultsUploadAuthentication"
     name = "resultsUploadToken"
 
     def get_security_definition(self, auto_schema: AutoSchema) -> dict[str, Any]:

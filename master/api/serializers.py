@@ -11,16 +11,22 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from common.ab import make_plan, parse_repeat
+from common.blobs import INPUT_KINDS
 from common.constants import (
     DEFAULT_MAX_RUNTIME_MINS,
     DEFAULT_TIMEOUT_MINS,
     PRIORITY_NAMES,
+    REVISION_KEYVAL,
     FailureClass,
+    HostOrigin,
     HostStatus,
 )
+from common.errors import FleetshardError
 from common.models import Host, HostQueueEntry, Job, Label, Shard
 from common.syntax import ASCII_DIGITS, parse_meta_hosts, parse_priority
 from master.models import AuditRecord, AuditTarget, Token
+from master.results.queries import result_tests
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
@@ -55,10 +61,28 @@ class HostSerializer(serializers.ModelSerializer):
     )
     status = serializers.ChoiceField(choices=HostStatus.ALL, read_only=True)
     attributes = serializers.DictField(child=serializers.CharField(), read_only=True)
+    origin = serializers.ChoiceField(
+        choices=HostOrigin.ALL, read_only=True, help_text="declared by a person, or discovered by its shard."
+    )
+    discovered_by: serializers.SlugRelatedField[Shard] = serializers.SlugRelatedField(
+        slug_field="hostname", read_only=True, allow_null=True, help_text="The shard whose discovery saw it."
+    )
 
     class Meta:
         model = Host
-        fields = ["id", "hostname", "status", "shard", "labels", "locked", "lock_reason", "attributes"]
+        fields = [
+            "id",
+            "hostname",
+            "status",
+            "shard",
+            "labels",
+            "locked",
+            "lock_reason",
+            "attributes",
+            "origin",
+            "discovered_by",
+            "last_seen",
+        ]
         read_only_fields = fields
 
 
@@ -90,8 +114,28 @@ class ShardDetailSerializer(ShardSerializer):
         child=serializers.IntegerField(), read_only=True, help_text="Its jobs counted by status."
     )
 
+    discovered_rejected = serializers.ListField(
+        child=serializers.DictField(child=serializers.CharField()),
+        read_only=True,
+        help_text="The discovered hosts the master refused in the shard's last set: hostname and reason.",
+    )
+    pools = serializers.ListField(
+        child=serializers.DictField(),
+        read_only=True,
+        help_text="The elastic pools the shard announced: labels and max_hosts.",
+    )
+
     class Meta(ShardSerializer.Meta):
-        fields = [*ShardSerializer.Meta.fields, "outbox_depth", "hosts_by_status", "jobs_by_status"]
+        fields = [
+            *ShardSerializer.Meta.fields,
+            "outbox_depth",
+            "hosts_by_status",
+            "jobs_by_status",
+            "discovered_generation",
+            "discovered_count",
+            "discovered_rejected",
+            "pools",
+        ]
         read_only_fields = fields
 
 
@@ -128,6 +172,13 @@ class HQESerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class InputSerializer(serializers.Serializer):
+    name = serializers.CharField(help_text="Runs read it at $FLEETSHARD_INPUT_DIR/NAME.")
+    digest = serializers.CharField(help_text="The blob's SHA-256 (64 hex digits), uploaded before.")
+    size = serializers.IntegerField(min_value=0)
+    kind = serializers.ChoiceField(choices=INPUT_KINDS, help_text="tar: a directory, unpacked for the run.")
+
+
 class JobSerializer(serializers.ModelSerializer):
     shard: serializers.SlugRelatedField[Shard] = serializers.SlugRelatedField(
         slug_field="hostname", read_only=True, allow_null=True
@@ -141,7 +192,15 @@ class JobSerializer(serializers.ModelSerializer):
     parent: serializers.PrimaryKeyRelatedField[Job] = serializers.PrimaryKeyRelatedField(  # type: ignore[assignment]
         read_only=True, allow_null=True
     )
+    rerun_of = serializers.IntegerField(
+        source="rerun_of_id", read_only=True, allow_null=True, help_text="The job this one runs again, if any."
+    )
     hqes = HQESerializer(many=True, read_only=True)
+    ab = serializers.JSONField(
+        read_only=True,
+        help_text="An A/B job's plan: `variants` (baseline first), `repeat`, `auto`, `min_change`; {} if plain.",
+    )
+    inputs = InputSerializer(many=True, read_only=True)
 
     class Meta:
         model = Job
@@ -159,8 +218,11 @@ class JobSerializer(serializers.ModelSerializer):
             "dependency_labels",
             "keyvals",
             "parent",
+            "rerun_of",
             "aborted",
+            "inputs",
             "hqes",
+            "ab",
         ]
         read_only_fields = fields
 
@@ -170,6 +232,13 @@ class QuarantinedSerializer(serializers.Serializer):
     reason = serializers.CharField(read_only=True, help_text="Why it could not be stored.")
 
 
+class EntryResultsSerializer(serializers.Serializer):
+    test = serializers.CharField(read_only=True, help_text="The test the files named.")
+    runs = serializers.IntegerField(read_only=True, help_text="Result files of this test stored from the entry.")
+    entries = serializers.IntegerField(read_only=True, help_text="Timed entries (benchmarks) in them.")
+    chart = serializers.CharField(read_only=True, help_text="The admin's page charting this test's entries (a path).")
+
+
 class HQEDetailSerializer(HQESerializer):
     quarantined = QuarantinedSerializer(
         source="rejected_results",
@@ -177,11 +246,19 @@ class HQEDetailSerializer(HQESerializer):
         read_only=True,
         help_text="Result files set aside: refused by the master, or unsent by the shard.",
     )
-    results = serializers.IntegerField(source="result_count", read_only=True, help_text="Test runs stored from it.")
+    results = serializers.SerializerMethodField(help_text="Test runs stored from it.")
+    result_tests = serializers.SerializerMethodField(help_text="Its stored results by test, each linked to its chart.")
 
     class Meta(HQESerializer.Meta):
-        fields = [*HQESerializer.Meta.fields, "log_tail", "quarantined", "results"]
+        fields = [*HQESerializer.Meta.fields, "log_tail", "quarantined", "results", "result_tests"]
         read_only_fields = fields
+
+    def get_results(self, hqe: HostQueueEntry) -> int:
+        return len(hqe.test_runs.all())
+
+    @extend_schema_field(EntryResultsSerializer(many=True))
+    def get_result_tests(self, hqe: HostQueueEntry) -> list[dict[str, Any]]:
+        return result_tests(hqe.test_runs.all())
 
 
 class JobDetailSerializer(JobSerializer):
@@ -273,6 +350,11 @@ class LabelHostsSerializer(serializers.Serializer):
     label = serializers.CharField(read_only=True)  # type: ignore[assignment]  # a declared field (see JobSerializer)
     hosts = HostSerializer(many=True, read_only=True, help_text="The hosts named, as they are now.")
     hosts_moved = _moves()
+    unchanged = serializers.ListField(
+        child=serializers.CharField(),
+        read_only=True,
+        help_text="Hosts named that already had the label (add): nothing was done to them, nor recorded.",
+    )
 
 
 class ShardChangeSerializer(ShardSerializer):
@@ -377,6 +459,17 @@ class HostLockSerializer(HostnamesSerializer):
     reason = serializers.CharField(max_length=1024, required=False, default="", allow_blank=True)
 
 
+class HostAttributesSerializer(HostnamesSerializer):
+    set = _StringMap(required=False, default=dict, help_text="Attributes to set (added or replaced).")
+    remove = serializers.ListField(
+        child=serializers.CharField(max_length=255),
+        required=False,
+        default=list,
+        max_length=256,
+        help_text="Attribute names to remove; each must be on every host named.",
+    )
+
+
 class ShardCreateSerializer(serializers.Serializer):
     hostname = serializers.CharField(max_length=255)
     labels = _optional_names()
@@ -455,6 +548,42 @@ class JobCreateSerializer(serializers.Serializer):
     )
     keyvals = _StringMap(required=False, default=dict)
     parent = serializers.IntegerField(min_value=1, max_value=INT64_MAX, required=False, allow_null=True, default=None)  # type: ignore[assignment]  # a declared field (see JobSerializer)
+    inputs = serializers.ListField(
+        child=InputSerializer(),
+        required=False,
+        default=list,
+        max_length=32,
+        help_text="Blobs the runs read at $FLEETSHARD_INPUT_DIR/NAME; each uploaded first (PUT /api/v1/blobs/DIGEST).",
+    )
+    variants = serializers.ListField(
+        child=serializers.CharField(max_length=64),
+        required=False,
+        default=list,
+        max_length=MAX_ITEMS,
+        help_text="An A/B job: two variant names, the baseline first; each run gets FLEETSHARD_VARIANT.",
+    )
+    repeat = serializers.CharField(
+        required=False,
+        default=None,
+        allow_null=True,
+        max_length=20,
+        help_text="With variants: runs of each (N, default 1), or auto / auto:MAX to alternate until decided.",
+    )
+    revision = serializers.CharField(
+        required=False, default=None, allow_null=True, max_length=255, help_text="What the job measures (a keyval)."
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        variants, repeat = attrs.get("variants") or [], attrs.get("repeat")
+        if repeat is not None and not variants:
+            raise FleetshardError("repeat: only an A/B job (with variants) repeats its runs", field="repeat")
+        attrs["ab"] = None
+        if variants:
+            count, auto = parse_repeat(repeat) if repeat is not None else (1, False)
+            attrs["ab"] = make_plan(list(variants), count, auto=auto)
+        if attrs.get("revision") is not None:
+            attrs["keyvals"] = {**attrs.get("keyvals", {}), REVISION_KEYVAL: attrs["revision"]}
+        return attrs
 
     def validate_meta_hosts(self, value: list[str]) -> list[tuple[str, int]]:
         return [pair for text in value for pair in parse_meta_hosts(text)]

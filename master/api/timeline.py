@@ -1,9 +1,13 @@
-"""REST endpoints of timelines under /api/v1/timeline/ (DESIGN.md, "Timelines"): the trace export,
+"""REST endpoints of timelines under /api/v1/timeline/ (docs/design.md, "Timelines"): the trace export,
 streamed as it is read, and the totals. Reads for anyone signed in, as the rest of the API."""
 
+import math
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
+from django.db import connection
 from django.http import StreamingHttpResponse
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
@@ -15,13 +19,16 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.errors import FleetshardError
+from master.access.authentication import ResultsUploadAuthentication, ShardPrincipal
 from master.api.filters import parse_since
-from master.api.results import IsShard, _error, _Refused, _shard_hqe
+from master.api.results import IsShard, _Refused, _shard_hqe
 from master.api.schema import FleetshardAutoSchema
 from master.api.serializers import INT64_MAX, ErrorSerializer
-from master.auth import ResultsUploadAuthentication, ShardPrincipal
-from master.timeline.export import gzipped, trace_chunks
+from master.api.uploads import FILE_BODY, OctetStreamView, read_body
+from master.api.uploads import error as _error
+from master.timeline.export import end_quietly, gzipped, trace_chunks
 from master.timeline.jobtrace import MAX_TRACE_BYTES, TraceRejected, store_run_trace
+from master.timeline.limits import Deadline, Holding, Slot, take_export_slot
 from master.timeline.pftrace import pftrace_chunks
 from master.timeline.query import Scope, scope
 from master.timeline.stats import BY, stats
@@ -90,6 +97,14 @@ class _TimelineView(APIView):
     permission_classes = [IsAuthenticated]
 
 
+def _encoded(chunks: Iterator[str]) -> Iterator[bytes]:
+    try:
+        for chunk in chunks:
+            yield chunk.encode()
+    finally:
+        end_quietly(chunks)
+
+
 class TimelineExportView(_TimelineView):
     @extend_schema(
         operation_id="timeline_export",
@@ -110,22 +125,45 @@ class TimelineExportView(_TimelineView):
             (200, "application/octet-stream"): OpenApiResponse(
                 OpenApiTypes.BINARY, description="With pftrace=true: a Perfetto trace (.pftrace)."
             ),
+            429: OpenApiResponse(
+                ErrorSerializer, description="Too many exports streaming at once; Retry-After says when to retry."
+            ),
         },
     )
-    def get(self, request: Request) -> StreamingHttpResponse:
-        """The fleet's intervals as a Chrome trace (chrome://tracing, Perfetto), streamed as it is read."""
+    def get(self, request: Request) -> StreamingHttpResponse | Response:
+        """The fleet's intervals as a Chrome trace (chrome://tracing, Perfetto), streamed as it is read.
+
+        A few at once per user and per serving process (429 and Retry-After beyond), each ended at a
+        deadline, cut short with a note saying so (FLEETSHARD_EXPORTS_PER_USER, FLEETSHARD_EXPORTS_PER_PROCESS,
+        FLEETSHARD_EXPORT_DEADLINE_S)."""
         s = _scope(request)
-        chunks = trace_chunks(s)
+        slot = take_export_slot(request.user.pk or 0)
+        if not isinstance(slot, Slot):
+            refused = _error(
+                429,
+                "too many timeline exports streaming at once (at most "
+                f"{settings.FLEETSHARD_EXPORTS_PER_USER} per user, {settings.FLEETSHARD_EXPORTS_PER_PROCESS} per "
+                f"server process): retry in {math.ceil(slot)} s, or narrow the window to finish sooner",
+                None,
+            )
+            refused["Retry-After"] = str(math.ceil(slot))
+            return refused
+        # Inside a test's own transaction PostgreSQL must not end it: only an export's own is bounded so.
+        deadline = Deadline.starting_now(
+            settings.FLEETSHARD_EXPORT_DEADLINE_S, enforce_idle=not connection.in_atomic_block
+        )
         stamp = s.now.strftime("%Y%m%dT%H%M%SZ")
+        chunks: Iterator[bytes]
         if request.query_params.get("pftrace") in ("1", "true", "True"):
-            response = StreamingHttpResponse(pftrace_chunks(s), content_type="application/octet-stream")
-            response["Content-Disposition"] = f'attachment; filename="timeline-{stamp}.pftrace"'
+            chunks, kind, name = pftrace_chunks(s, deadline), "application/octet-stream", f"timeline-{stamp}.pftrace"
         elif request.query_params.get("gzip") in ("1", "true", "True"):
-            response = StreamingHttpResponse(gzipped(chunks), content_type="application/gzip")
-            response["Content-Disposition"] = f'attachment; filename="timeline-{stamp}.json.gz"'
+            chunks, kind, name = gzipped(trace_chunks(s, deadline)), "application/gzip", f"timeline-{stamp}.json.gz"
         else:
-            response = StreamingHttpResponse((c.encode() for c in chunks), content_type="application/json")
-            response["Content-Disposition"] = f'attachment; filename="timeline-{stamp}.json"'
+            chunks, kind, name = _encoded(trace_chunks(s, deadline)), "application/json", f"timeline-{stamp}.json"
+        # The slot is freed when the response closes, read to its end or not.
+        response = StreamingHttpResponse(Holding(chunks, slot), content_type=kind)
+        response["Content-Disposition"] = f'attachment; filename="{name}"'
+        response["X-Fleetshard-Export-Deadline"] = f"{deadline.seconds:g}"
         return response
 
 
@@ -152,18 +190,16 @@ class TraceStoredSerializer(serializers.Serializer):
     dropped = serializers.IntegerField(help_text="The file's events not kept (other phases, bad times, too deep).")
 
 
-class TimelineTraceView(APIView):
+class TimelineTraceView(OctetStreamView):
     """POST /api/v1/timeline/trace?hqe=ID: the `trace.json` an HQE's job wrote, from its shard."""
 
-    schema = FleetshardAutoSchema()
     authentication_classes = [ResultsUploadAuthentication]
     permission_classes = [IsShard]
-    parser_classes: list[Any] = []
 
     @extend_schema(
         operation_id="timeline_trace",
         tags=["timeline"],
-        request={"application/json": OpenApiTypes.OBJECT, "application/octet-stream": OpenApiTypes.BINARY},
+        request=FILE_BODY,
         parameters=[
             OpenApiParameter("hqe", int, required=True, description="The HQE (of a job on this shard) that wrote it.")
         ],
@@ -186,11 +222,8 @@ class TimelineTraceView(APIView):
                 raise _Refused(400, "the hqe query parameter (the HQE's id) is required", "hqe")
         except _Refused as refused:
             return refused.response
-        declared = request.META.get("CONTENT_LENGTH") or "0"
-        too_large = declared.isdigit() and int(declared) > MAX_TRACE_BYTES
-        data = b"" if too_large else request._request.read(MAX_TRACE_BYTES + 1)
-        request._request._body = data  # as request.body would keep it, for whatever reads it after the view
-        if too_large or len(data) > MAX_TRACE_BYTES:
+        data = read_body(request._request, MAX_TRACE_BYTES)
+        if data is None:
             return _error(413, f"trace.json: larger than {MAX_TRACE_BYTES} bytes", "body")
         try:
             stored = store_run_trace(hqe, data)

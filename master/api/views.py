@@ -4,7 +4,7 @@ master.services, so the API, the admin and the command line refuse the same thin
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from django.db.models import Count, Model, Prefetch, QuerySet
+from django.db.models import Model, Prefetch, QuerySet
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, status, views, viewsets
 from rest_framework.decorators import action
@@ -16,7 +16,7 @@ from rest_framework.serializers import Serializer
 
 from common.errors import NotFound
 from common.models import Host, HostQueueEntry, Job, Label, Shard
-from master import lookups, services
+from master import services
 from master.api import serializers as s
 from master.api.filters import AuditFilter, HostFilter, JobFilter, LabelFilter
 from master.api.pagination import BoundedLimitOffsetPagination
@@ -29,7 +29,8 @@ from master.api.permissions import (
     may_abort,
 )
 from master.api.schema import FleetshardAutoSchema
-from master.models import AuditRecord, AuditTarget, Token
+from master.models import AuditRecord, AuditTarget, TestRun, Token
+from master.services import lookups
 
 NO_CONTENT = OpenApiResponse(description="Done; nothing to return.")
 
@@ -134,12 +135,12 @@ class LabelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
         return self._hosts_change(name, hostnames, change)
 
     def _hosts_change(self, name: str, hostnames: list[str], change: services.HostsChange) -> Response:
-        data = {"label": name, "hosts": _hosts(hostnames), "hosts_moved": change.moves}
+        data = {"label": name, "hosts": _hosts(hostnames), "hosts_moved": change.moves, "unchanged": change.unchanged}
         return Response(s.LabelHostsSerializer(data).data)
 
 
 def _host_queryset() -> QuerySet:
-    return Host.objects.select_related("shard").prefetch_related("labels")
+    return Host.objects.select_related("shard", "discovered_by").prefetch_related("labels")
 
 
 def _hosts(hostnames: Sequence[str]) -> list[Host]:
@@ -158,6 +159,7 @@ class HostViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
         "delete_many": (("change_host",), "delete hosts"),
         "lock": (("change_host",), "lock hosts"),
         "unlock": (("change_host",), "unlock hosts"),
+        "attributes": (("change_host",), "change the attributes of hosts"),
     }
     filterset_class = HostFilter
     ordering_fields = ["hostname", "id", "status", "locked"]
@@ -211,6 +213,14 @@ class HostViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
         """Locked hosts are never given new work; a running job finishes."""
         data = _valid(s.HostLockSerializer, request)
         services.lock_hosts(data["hostnames"], data["reason"], acting_user=request.user)
+        return Response(s.HostSerializer(_hosts(data["hostnames"]), many=True).data)
+
+    @extend_schema(request=s.HostAttributesSerializer, responses={200: s.HostSerializer(many=True)})
+    @action(detail=False, methods=["post"])
+    def attributes(self, request: Request) -> Response:
+        """Sets and removes attributes of hosts, all or none; their shard hands them to jobs."""
+        data = _valid(s.HostAttributesSerializer, request)
+        services.set_host_attributes(data["hostnames"], data["set"], data["remove"], acting_user=request.user)
         return Response(s.HostSerializer(_hosts(data["hostnames"]), many=True).data)
 
     @extend_schema(request=s.HostnamesSerializer, responses={200: s.HostSerializer(many=True)})
@@ -337,7 +347,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
         if self.action != "retrieve":
             hqes = hqes.defer("log_tail")
         else:  # the detail's results and quarantined files (HQEDetailSerializer)
-            hqes = hqes.annotate(result_count=Count("test_runs")).prefetch_related("rejected_results")
+            runs = TestRun.objects.only("id", "test", "entry_count", "hqe_id").order_by()
+            hqes = hqes.prefetch_related("rejected_results", Prefetch("test_runs", runs))
         return Job.objects.select_related("shard").prefetch_related("dependency_labels", Prefetch("hqes", hqes))
 
     def get_serializer_class(self) -> type[Serializer]:
@@ -369,9 +380,22 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, _Base):
                 max_runtime_mins=data["max_runtime_mins"],
                 keyvals=data["keyvals"],
                 parent_id=data["parent"],
+                ab=data["ab"],
+                inputs=[dict(i) for i in data["inputs"]],
             ),
             acting_user=request.user,
         )
+        return Response(s.JobSerializer(self.get_queryset().get(id=job.id)).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={201: s.JobSerializer})
+    @action(detail=True, methods=["post"])
+    def rerun(self, request: Request, id: str) -> Response:
+        """A new job with this one's spec, owned by the caller; `rerun_of` names this one. Anyone who may
+        submit a job may rerun any: the new job is theirs."""
+        raw = _path_name(id, "job")
+        if not (raw.isascii() and raw.isdigit() and len(raw) < 19):
+            raise NotFound(f"unknown job {raw!r}", field="id")
+        job = services.rerun_job(int(raw), owner=request.user.username, acting_user=request.user)
         return Response(s.JobSerializer(self.get_queryset().get(id=job.id)).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses={200: s.JobSerializer})

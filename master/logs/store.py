@@ -16,10 +16,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from common.constants import HQEStatus
-from common.errors import FleetshardError
+from common.errors import FleetshardError, NotFound
 from common.models import HostQueueEntry
 from common.wire import clean_text
 from master.logs.models import RunLog, RunLogChunk
+from master.services.hqe_guard import hold_hqe
 
 # An HQE ended this long ago whose shard never said its log ended (a shard without log shipping, or
 # one that lost the run) has a log that is not coming: a follower stops waiting for it.
@@ -72,7 +73,10 @@ def append_log(hqe_id: int, offset: int, data: bytes, *, final: bool = False) ->
     Bytes below the log's size are the master's already (a duplicate changes nothing); a chunk past
     it raises LogGap, except once the log is cut: nothing past the cap is stored, so nothing is missed.
     Once a final chunk came, bytes past the log's size raise LogEnded (a repeated final is a duplicate).
+    Raises NotFound (field `hqe`) when the HQE is gone (purged) by now.
     """
+    if not hold_hqe(hqe_id):
+        raise NotFound(f"hqe: unknown HQE {hqe_id}", field="hqe")
     try:
         log = RunLog.objects.select_for_update().get(hqe_id=hqe_id)
     except RunLog.DoesNotExist:

@@ -1,4 +1,4 @@
-"""Benchmark results (DESIGN.md, "Benchmark results"): parsing result files, storing them, querying
+"""Benchmark results (docs/design.md, "Benchmark results"): parsing result files, storing them, querying
 them and finding regressions.
 
 `formats` and `changepoint` are pure Python, usable from the master's services, the shard's uploader

@@ -6,8 +6,10 @@ may hold any character), are escaped by the templates, and reach the chart's scr
 `json_script`. Each page costs a fixed number of queries, whatever the number of runs.
 """
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
@@ -17,7 +19,10 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
+from common.errors import FleetshardError
+from common.units import duration
 from master.results import queries
+from master.results.compare import compare_sides, parse_min_change, parse_side
 from master.results.models import OPEN_STATUSES, Regression, TestEntry
 
 # The newest points a chart draws; older ones are left out and the page says so.
@@ -114,11 +119,7 @@ class Chart:
 
 def seconds(value: float) -> str:
     """A time per iteration in the unit that shows it best (the chart's axis uses the same)."""
-    size = abs(value)
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
-        if size >= scale or size == 0:
-            return f"{value / scale:.4g} {unit}"
-    return f"{value / 1e-9:.4g} ns"
+    return duration(value)
 
 
 def chart_of(test: str, entry: str) -> Chart:
@@ -165,3 +166,50 @@ def chart_page(request: HttpRequest) -> HttpResponse:
         chart_data=chart.data(test, entry),
         max_points=MAX_POINTS,
     )
+
+
+def compare_url(base: str = "", new: str = "", test: str | None = None) -> str:
+    query = urlencode({k: v for k, v in {"base": base, "new": new, "test": test}.items() if v})
+    return f"{reverse('benchmarks-compare')}?{query}"
+
+
+def compare_page(request: HttpRequest) -> HttpResponse:
+    """Perfherder's compare view: two sides entry by entry, the largest slowdown first. The form is
+    the page itself, so a comparison is a link people can share."""
+    _allowed(request)
+    base, new = request.GET.get("base", ""), request.GET.get("new", "")
+    test, label = _param(request, "test"), _param(request, "label")
+    rows: list[dict[str, Any]] = []
+    error = None
+    min_change = request.GET.get("min_change", "")
+    if base or new:
+        try:
+            rows = compare_sides(
+                parse_side(base, "base"),
+                parse_side(new, "new"),
+                test=test,
+                label=label,
+                min_change_pct=parse_min_change(min_change),
+            )
+        except FleetshardError as exc:
+            error = str(exc)
+    counts = Counter(row["verdict"] for row in rows)
+    for row in rows:
+        row["shown"] = {side: _g(row[f"{side}_median_s"]) for side in ("base", "new")}
+    return _page(
+        request,
+        "master/benchmarks/compare.html",
+        "Compare",
+        base=base,
+        new=new,
+        test=test or "",
+        label=label or "",
+        min_change=min_change,
+        rows=rows,
+        error=error,
+        counts=sorted(counts.items()),
+    )
+
+
+def _g(value: float | None) -> str:
+    return "" if value is None else f"{value:.6g}"

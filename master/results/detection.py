@@ -17,6 +17,7 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from common.loop import Backoff, run_until_stopped
 from master.results.models import DirtySeries, TestEntry
 from master.results.regressions import detect_after_upload
 
@@ -30,6 +31,8 @@ LEASE = timedelta(minutes=5)
 # leaves the CPU to the requests. Tests and `detect_regressions --once` read at once.
 INTERVAL_S = 1.0
 SETTLE = timedelta(seconds=5)
+# A failing drain (the database is away) is retried within this long.
+RETRY_CAP_S = 30.0
 
 Claimed = list[tuple[int, str, str, str, int]]  # (row id, test, entry, label, stamp)
 
@@ -126,17 +129,20 @@ def drain(limit: int = BATCH) -> int:
 def run_detector(stop: threading.Event, interval_s: float = INTERVAL_S) -> None:
     """The detector's loop, until `stop` is set: drains series settled for SETTLE, then waits
     `interval_s` when none is left. A database error is logged and retried on a fresh connection
-    after the interval."""
-    while not stop.is_set():
+    after a jittered back-off (within RETRY_CAP_S)."""
+
+    def step() -> float:
         close_old_connections()
-        try:
-            more = drain_once(settle=SETTLE) == BATCH
-        except Exception:
-            log.exception("regression detector: draining failed; retrying in %.1f s", interval_s)
-            connection.close()
-            more = False
-        if not more:
-            stop.wait(interval_s)
+        return 0.0 if drain_once(settle=SETTLE) == BATCH else interval_s
+
+    run_until_stopped(
+        step,
+        stop,
+        what="regression detector",
+        log=log,
+        backoff=Backoff(base_s=interval_s, cap_s=max(interval_s, RETRY_CAP_S)),
+        on_error=lambda exc: connection.close(),
+    )
     connection.close()
 
 

@@ -1,4 +1,4 @@
-"""Stored benchmark results (DESIGN.md, "Benchmark results"): runs, their entries, the regressions
+"""Stored benchmark results (docs/design.md, "Benchmark results"): runs, their entries, the regressions
 found in them, and the files refused from shards. Defined here, registered through master.models.
 
 A series is (test, entry, label): `label` is the host's board label at run time (its first
@@ -17,7 +17,9 @@ NAME_CHARS = 255
 
 
 class TestRun(models.Model):
-    """One result file as stored: the same file (test, start, SHA-256 of its bytes) is stored once."""
+    """One result file as stored: the same file (test, start, SHA-256 of its bytes) is stored once per
+    HQE, and once among people's uploads; the same bytes from two HQEs are two runs (each its own
+    host's point). A run whose HQE was purged (hqe null, shard kept) is under neither rule."""
 
     __test__ = False  # not a pytest test class, whatever its name
 
@@ -37,12 +39,34 @@ class TestRun(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="test_runs"
     )
     created_on = models.DateTimeField(default=timezone.now)
+    revision = models.CharField(
+        max_length=NAME_CHARS,
+        blank=True,
+        default="",
+        help_text="What it measured: the job's `revision` keyval, else TestResults' commitId.hash.",
+    )
+    variant = models.CharField(max_length=NAME_CHARS, blank=True, default="", help_text="An A/B run's variant.")
+    repeat = models.PositiveIntegerField(null=True, blank=True, help_text="An A/B run's repeat, from 1.")
 
     class Meta:
         app_label = "master"
         ordering = ["-start", "-id"]
-        constraints = [models.UniqueConstraint(fields=["test", "start", "digest"], name="testrun_unique_file")]
-        indexes = [models.Index(fields=["test", "start"], name="testrun_test_start_idx")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["test", "start", "digest", "hqe"],
+                condition=models.Q(hqe__isnull=False),
+                name="testrun_unique_file_per_hqe",
+            ),
+            models.UniqueConstraint(
+                fields=["test", "start", "digest"],
+                condition=models.Q(hqe__isnull=True, shard__isnull=True),
+                name="testrun_unique_uploaded_file",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["test", "start"], name="testrun_test_start_idx"),
+            models.Index(fields=["revision"], name="testrun_revision_idx", condition=~models.Q(revision="")),
+        ]
 
     def __str__(self) -> str:
         return f"{self.test} {self.start:%Y-%m-%d %H:%M:%S}"
@@ -121,6 +145,8 @@ class Regression(models.Model):
     detected_on = models.DateTimeField(default=timezone.now)
     fixed_on = models.DateTimeField(null=True, blank=True)
     run = models.ForeignKey(TestRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="regressions")
+    # When the detector confirmed it (docs/notifications.md): only then is `regression.new` sent.
+    notified_on = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         app_label = "master"

@@ -1,11 +1,14 @@
-"""The reads of stored results the REST API serves (DESIGN.md, "Benchmark results": tests, runs,
+"""The reads of stored results the REST API serves (docs/design.md, "Benchmark results": tests, runs,
 timings of one entry, regressions). Each returns a queryset the API paginates, so a page costs a
 fixed number of queries."""
 
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlencode
 
 from django.db.models import Count, Max, OuterRef, QuerySet, Subquery
+from django.urls import reverse
 
 from master.results.models import Regression, RegressionStatus, TestEntry, TestRun
 
@@ -23,9 +26,11 @@ def tests(since: datetime | None = None) -> QuerySet[TestRun, dict[str, Any]]:
     return runs.order_by().values("test").annotate(runs=Count("id"), latest_start=Max("start")).order_by("test")
 
 
-def runs(test: str, since: datetime | None = None) -> QuerySet[TestRun]:
+def runs(test: str, since: datetime | None = None, *, revision: str | None = None) -> QuerySet[TestRun]:
     """A test's runs, newest first, with their job, host and shard."""
     found = TestRun.objects.filter(test=test).select_related("host", "shard")
+    if revision is not None:
+        found = found.filter(revision=revision)
     return (found if since is None else found.filter(start__gte=since)).order_by("-start", "-id")
 
 
@@ -52,3 +57,21 @@ def regressions(test: str | None = None, status: RegressionStatus | None = None)
     if status is not None:
         found = found.filter(status=status)
     return found.order_by("-detected_on", "-id")
+
+
+def result_tests(runs: Iterable[TestRun]) -> list[dict[str, Any]]:
+    """An entry's stored runs by test: how many, their timed entries, and the admin page charting the
+    test (its entries, each a chart). What `job stat` and the admin's job page show."""
+    tests: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        row = tests.setdefault(run.test, {"test": run.test, "runs": 0, "entries": 0, "chart": chart_path(run.test)})
+        row["runs"] += 1
+        row["entries"] += run.entry_count
+    return [tests[name] for name in sorted(tests)]
+
+
+def chart_path(test: str, entry: str | None = None) -> str:
+    """The admin's page for a test's entries, or for one entry's chart."""
+    if entry is None:
+        return reverse("benchmarks-entries") + "?" + urlencode({"test": test})
+    return reverse("benchmarks-chart") + "?" + urlencode({"test": test, "entry": entry})

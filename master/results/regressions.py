@@ -6,7 +6,7 @@ A step up becomes a `new` regression, once: a later upload that places the same 
 away refines it while it is still `new`. An open one (`new` or `acknowledged`) whose series steps
 back down becomes `fixed`. A `new` one the longer series no longer shows (a few slow points that
 were noise, or a step now placed farther away) is withdrawn: deleted, as nobody has triaged it and
-the four statuses are DESIGN.md's; one a person has triaged is left alone.
+the four statuses are docs/design.md's; one a person has triaged is left alone.
 """
 
 from collections import defaultdict
@@ -19,13 +19,12 @@ from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from common.errors import FleetshardError, NotFound
-from master.audit import ActingUser, record
-from master.results.changepoint import Step, detect_steps, fixed_at
+from master.access.audit import ActingUser, record
+from master.notify import events as notify_events
+from master.results.changepoint import SAME_STEP, Step, detect_steps, fixed_at, worth_notifying
 from master.results.models import OPEN_STATUSES, Regression, RegressionStatus, TestEntry
 
 WINDOW = 200
-# A step found within this many points of a known regression's first slow run is that regression.
-SAME_STEP_POINTS = 3
 
 
 def detect_after_upload(test: str, label: str, entries: Sequence[str], now: datetime | None = None) -> None:
@@ -67,9 +66,7 @@ def _check_series(
         if not step.is_regression:
             continue
         at = starts[step.index]
-        near = [
-            r for r in known if r.start == at or abs(index_of.get(r.start, -(10**9)) - step.index) <= SAME_STEP_POINTS
-        ]
+        near = [r for r in known if r.start == at or abs(index_of.get(r.start, -(10**9)) - step.index) <= SAME_STEP]
         if near:
             reg = near[0]
             shown.add(reg.id)
@@ -77,6 +74,7 @@ def _check_series(
                 clash = any(r.start == at for r in known)
                 if not clash:
                     _refine(reg, step, at, points[index_of[at]][2])
+            _confirm(reg, values, step, now)
             continue
         try:
             with transaction.atomic():  # a concurrent upload to the series may raise the same step
@@ -95,6 +93,7 @@ def _check_series(
             continue
         known.append(created)
         shown.add(created.id)
+        _confirm(created, values, step, now)
     withdrawn = []
     for reg in known:
         index = index_of.get(reg.start)
@@ -103,13 +102,25 @@ def _check_series(
         as_step = Step(index, reg.before_s, reg.after_s, reg.change_pct, 0.0)
         if fixed_at(values, as_step) is not None:
             # Only while still open: a person's status set meanwhile wins.
-            Regression.objects.filter(id=reg.id, status__in=OPEN_STATUSES).update(
+            fixed = Regression.objects.filter(id=reg.id, status__in=OPEN_STATUSES).update(
                 status=RegressionStatus.FIXED, fixed_on=now
             )
+            if fixed and reg.notified_on is not None:
+                reg.status, reg.fixed_on = RegressionStatus.FIXED, now
+                notify_events.regression_fixed(reg, now)
         elif reg.status == RegressionStatus.NEW and reg.id not in shown:
             withdrawn.append(reg.id)
     if withdrawn:
         Regression.objects.filter(id__in=withdrawn, status=RegressionStatus.NEW).delete()
+
+
+def _confirm(reg: Regression, values: list[float], step: Step, now: datetime) -> None:
+    """Sends `regression.new` once the detector confirms an open regression (changepoint.worth_notifying)."""
+    if reg.notified_on is not None or reg.status not in OPEN_STATUSES or not worth_notifying(values, step):
+        return
+    if Regression.objects.filter(id=reg.id, notified_on__isnull=True).update(notified_on=now):
+        reg.notified_on = now
+        notify_events.regression_confirmed(reg, now)
 
 
 def _refine(reg: Regression, step: Step, start: datetime, run_id: int) -> None:
@@ -149,6 +160,8 @@ def set_regression_status(regression_id: int, status: str, *, acting_user: Actin
     reg.status = new
     reg.fixed_on = (reg.fixed_on or timezone.now()) if new == RegressionStatus.FIXED else None
     reg.save(update_fields=["status", "fixed_on"])
+    if new == RegressionStatus.FIXED and old != new and reg.notified_on is not None:
+        notify_events.regression_fixed(reg, timezone.now())
     record(
         "regression.set_status",
         acting_user=acting_user,

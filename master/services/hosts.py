@@ -8,10 +8,12 @@ from django.db.models import F
 from common.constants import HQEStatus
 from common.errors import FleetshardError, Refused
 from common.models import Host, HostQueueEntry
-from master.assignment import shard_for_labels
-from master.audit import ActingUser, record
-from master.notifier import shards_changed
+from master.access.audit import ActingUser, record
+from master.services.assignment import shard_for_labels
 from master.services.shared import (
+    MAX_MAP_ENTRIES,
+    bump_hosts,
+    check_env_names,
     check_names,
     check_new_names,
     check_string_map,
@@ -20,6 +22,7 @@ from master.services.shared import (
     get_labels,
     plural,
 )
+from master.sync.notifier import shards_changed
 
 
 @transaction.atomic
@@ -96,3 +99,44 @@ def unlock_hosts(hostnames: Sequence[str], *, acting_user: ActingUser) -> list[H
     record("host.unlock", acting_user=acting_user, targets=hosts)
     shards_changed(h.shard_id for h in hosts)
     return get_hosts(hostnames)
+
+
+@transaction.atomic
+def set_host_attributes(
+    hostnames: Sequence[str], set_to: dict[str, str], remove: Sequence[str], *, acting_user: ActingUser
+) -> list[Host]:
+    """Sets and removes attributes of hosts (all or none): the shard hands them to jobs as
+    FLEETSHARD_HOST_ATTR_<KEY>. A key both set and removed, or removed from a host without it, is
+    refused; a change that changes nothing is not recorded."""
+    set_to = check_string_map("attribute", set_to, "set")
+    removed = list(dict.fromkeys(check_string_map("attribute", dict.fromkeys(remove, ""), "remove")))
+    if not set_to and not removed:
+        raise FleetshardError("give attributes to set or to remove", field="set")
+    both = sorted(set(set_to) & set(removed))
+    if both:
+        raise FleetshardError(f"attribute {', '.join(both)} is both set and removed", field="remove")
+    hosts = get_hosts(check_names("host", hostnames), lock=True)
+    changed = []
+    for host in hosts:
+        current = dict(host.attributes or {})
+        missing = [key for key in removed if key not in current]
+        if missing:
+            raise FleetshardError(f"host {host.hostname} has no attribute {', '.join(missing)}", field="remove")
+        new = {key: value for key, value in (current | set_to).items() if key not in removed}
+        if len(new) > MAX_MAP_ENTRIES:
+            raise FleetshardError(f"a host may have at most {MAX_MAP_ENTRIES} attributes", field="set")
+        if set_to:
+            check_env_names("attribute", new, "set", new=set_to)
+        if new != current:
+            host.attributes = new
+            changed.append(host)
+    if changed:
+        Host.objects.bulk_update(changed, ["attributes"])
+        bump_hosts(changed)
+        record(
+            "host.set_attributes",
+            acting_user=acting_user,
+            targets=changed,
+            details={"set": set_to, "removed": removed},
+        )
+    return hosts

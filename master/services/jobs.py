@@ -7,6 +7,8 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 
+from common.ab import VARIANT_INPUT, ABPlan
+from common.blobs import BadInput, InputRef, parse_inputs
 from common.constants import (
     DEFAULT_MAX_RUNTIME_MINS,
     DEFAULT_PRIORITY,
@@ -16,10 +18,12 @@ from common.constants import (
 )
 from common.errors import FleetshardError, NotFound, Refused
 from common.models import HostQueueEntry, Job
-from master.assignment import HQESpec, check_capacity, route_job
-from master.audit import ActingUser, record
-from master.notifier import shards_changed
+from master.access.audit import ActingUser, record
+from master.blobs.models import Blob
+from master.blobs.store import touch_blobs
+from master.services.assignment import HQESpec, check_capacity, route_job
 from master.services.shared import INT32_MAX, check_names, check_string_map, check_text, get_hosts, get_labels
+from master.sync.notifier import shards_changed
 
 
 def max_hqes_per_job() -> int:
@@ -42,6 +46,10 @@ class JobRequest:
     max_runtime_mins: int = DEFAULT_MAX_RUNTIME_MINS
     keyvals: dict[str, str] = field(default_factory=dict)
     parent_id: int | None = None
+    ab: ABPlan | None = None
+    # [{"name", "digest", "size", "kind"}]: blobs already on the master (common/blobs.py).
+    inputs: list[dict[str, object]] = field(default_factory=list)
+    rerun_of_id: int | None = None
 
 
 def merge_meta_hosts(meta_hosts: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
@@ -74,7 +82,7 @@ def create_job(req: JobRequest, *, acting_user: ActingUser) -> Job:
 
     Refused (nothing created) when the job is malformed, asks for more than
     FLEETSHARD_MAX_HQES_PER_JOB host queue entries, spans shards, or asks for more distinct hosts
-    than its shard has (a job never uses a host twice; see master.assignment.check_capacity)."""
+    than its shard has (a job never uses a host twice; see master.services.assignment.check_capacity)."""
     name = check_text("the job name", req.name, "name", max_length=255).strip()
     if not name:
         raise FleetshardError("a job needs a name", field="name")
@@ -110,6 +118,14 @@ def create_job(req: JobRequest, *, acting_user: ActingUser) -> Job:
             field="meta_hosts" if meta_hosts else "hosts",
         )
     keyvals = check_string_map("keyval", req.keyvals, "keyvals")
+    inputs = _check_inputs(req.inputs)
+    if req.ab is not None and any(i.name == VARIANT_INPUT for i in inputs):
+        # Each variant's runs see their own build under this name: another input there would collide.
+        raise FleetshardError(
+            f"input name {VARIANT_INPUT}: an A/B job's runs see their variant's own input under that name; "
+            "give the input another name",
+            field="inputs",
+        )
     parent = None
     if req.parent_id is not None:
         parent = Job.objects.filter(id=req.parent_id).first()
@@ -134,7 +150,10 @@ def create_job(req: JobRequest, *, acting_user: ActingUser) -> Job:
         max_runtime_mins=max_runtime_mins,
         keyvals=keyvals,
         parent=parent,
+        rerun_of_id=req.rerun_of_id,
         shard=shard,
+        ab=req.ab.to_json() if req.ab is not None else {},
+        inputs=[i.to_wire() for i in inputs],
     )
     job.dependency_labels.set(deps)
     HostQueueEntry.objects.bulk_create(
@@ -151,9 +170,75 @@ def create_job(req: JobRequest, *, acting_user: ActingUser) -> Job:
             "meta_hosts": [[n, c] for n, c in meta_hosts],
             "hosts": hostnames,
             "dependency_labels": [d.name for d in deps],
+            **({"ab": req.ab.to_json()} if req.ab is not None else {}),
+            **({"inputs": [f"{i.name}={i.digest}" for i in inputs]} if inputs else {}),
+            **({"rerun_of": req.rerun_of_id} if req.rerun_of_id is not None else {}),
         },
     )
     return job
+
+
+def _check_inputs(items: object) -> list[InputRef]:
+    """The job's inputs, each a blob the master holds with that size (the CLI uploads it first)."""
+    if not items:
+        return []
+    try:
+        inputs = parse_inputs(items, int(settings.FLEETSHARD_MAX_INPUT_BYTES))
+    except BadInput as exc:
+        raise FleetshardError(str(exc), field="inputs") from None
+    sizes = dict(Blob.objects.filter(digest__in={i.digest for i in inputs}).values_list("digest", "size"))
+    for ref in inputs:
+        if sizes.get(ref.digest) != ref.size:
+            raise FleetshardError(
+                f"input {ref.name}: the master has no blob {ref.digest} of {ref.size} bytes: upload it first "
+                "(PUT /api/v1/blobs/DIGEST; `fleetshard job create --input` does)",
+                field="inputs",
+            )
+    touch_blobs(sorted(sizes))
+    return inputs
+
+
+@transaction.atomic
+def rerun_job(job_id: int, *, owner: str, acting_user: ActingUser) -> Job:
+    """A new job with the spec of job `job_id` (its command, hosts or meta-hosts, dependencies,
+    priority, times, keyvals, parent, A/B plan and inputs), owned by `owner`, with `rerun_of` naming the first. It is
+    routed anew: the hosts and labels must still be there and on one shard."""
+    job = Job.objects.filter(id=job_id).prefetch_related("dependency_labels").first()
+    if job is None:
+        raise NotFound(f"unknown job {job_id}", field="id")
+    meta_hosts: dict[str, int] = {}
+    hosts: list[str] = []
+    for hqe in job.hqes.select_related("host", "meta_host").order_by("id"):
+        if hqe.meta_host is not None:
+            meta_hosts[hqe.meta_host.name] = meta_hosts.get(hqe.meta_host.name, 0) + 1
+        elif hqe.host is not None:
+            hosts.append(hqe.host.hostname)
+        else:
+            raise Refused(
+                f"job {job_id} cannot run again: the host or label of its entry {hqe.id} was deleted", field="id"
+            )
+    if not meta_hosts and not hosts:
+        raise Refused(f"job {job_id} has no entries to run again", field="id")
+    return create_job(
+        JobRequest(
+            name=job.name,
+            owner=owner,
+            command=job.command,
+            meta_hosts=list(meta_hosts.items()),
+            hosts=hosts,
+            dependency_labels=[label.name for label in job.dependency_labels.all()],
+            priority=job.priority,
+            timeout_mins=job.timeout_mins,
+            max_runtime_mins=job.max_runtime_mins,
+            keyvals=dict(job.keyvals or {}),
+            parent_id=job.parent_id if job.parent_id and Job.objects.filter(id=job.parent_id).exists() else None,
+            # A rerun of an A/B job is an A/B job, and its runs read the same inputs (blobs by digest).
+            ab=ABPlan.from_json(job.ab or {}),
+            inputs=list(job.inputs or []),
+            rerun_of_id=job.id,
+        ),
+        acting_user=acting_user,
+    )
 
 
 @transaction.atomic
@@ -169,7 +254,10 @@ def abort_jobs(job_ids: Sequence[int], *, acting_user: ActingUser) -> list[Job]:
     finished = [f"{i} ({jobs[i].status})" for i in ids if jobs[i].status not in JobStatus.ACTIVE]
     if finished:
         raise Refused(f"job{'s' if len(finished) > 1 else ''} {', '.join(finished)} already finished", field="ids")
-    Job.objects.filter(id__in=ids, aborted=False).update(aborted=True, version=F("version") + 1)
-    shards_changed(jobs[i].shard_id for i in ids)
-    record("job.abort", acting_user=acting_user, targets=[jobs[i] for i in ids])
+    fresh = [i for i in ids if not jobs[i].aborted]
+    if fresh:
+        # A job asked to abort again is not aborted again: only the first request is a change to record.
+        Job.objects.filter(id__in=fresh, aborted=False).update(aborted=True, version=F("version") + 1)
+        shards_changed(jobs[i].shard_id for i in fresh)
+        record("job.abort", acting_user=acting_user, targets=[jobs[i] for i in fresh])
     return list(Job.objects.filter(id__in=ids).order_by("id"))

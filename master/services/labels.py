@@ -1,14 +1,14 @@
 """Labels: creating and deleting them, and putting them on hosts (which may move hosts between shards)."""
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.db import transaction
 
 from common.constants import JobStatus
 from common.errors import FleetshardError, Refused
 from common.models import Host, HostQueueEntry, Job, Label
-from master.audit import ActingUser, moves_detail, record
+from master.access.audit import ActingUser, moves_detail, record
 from master.services.shared import (
     HostMove,
     bump_hosts,
@@ -27,6 +27,8 @@ class HostsChange:
 
     hosts: list[Host]
     moves: list[HostMove]
+    # The hosts named that already were as asked (had the label): nothing done to them, nothing recorded.
+    unchanged: list[str] = field(default_factory=list)
 
 
 @transaction.atomic
@@ -65,8 +67,13 @@ def add_label_to_hosts(label_name: str, hostnames: Sequence[str], *, acting_user
     (label,) = get_labels(check_names("label", [label_name]))
     hosts = get_hosts(check_names("host", hostnames), lock=True)
     changed = [h for h in hosts if label not in h.labels.all()]
+    unchanged = [h.hostname for h in hosts if h not in changed]
+    if not changed:
+        # Nothing changes, so nothing goes in the audit trail: it records changes, not requests.
+        return HostsChange(hosts, [], unchanged)
     Host.labels.through.objects.bulk_create([Host.labels.through(host_id=h.id, label_id=label.id) for h in changed])
-    return _relabelled("host.add_label", label, hosts, changed, acting_user=acting_user)
+    done = _relabelled("host.add_label", label, hosts, changed, acting_user=acting_user)
+    return HostsChange(done.hosts, done.moves, unchanged)
 
 
 @transaction.atomic
@@ -89,7 +96,7 @@ def _relabelled(
     record(
         action,
         acting_user=acting_user,
-        targets=[label, *hosts],
+        targets=[label, *changed],
         details={"label": label.name, "hosts_moved": moves_detail(moves)},
     )
     return HostsChange(get_hosts([h.hostname for h in hosts]), moves)

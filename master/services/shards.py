@@ -11,10 +11,10 @@ from common.constants import HQEStatus, JobStatus
 from common.errors import FleetshardError, Refused
 from common.jobstatus import refresh_job_statuses
 from common.models import Host, HostQueueEntry, Job, Label, Shard
-from master.audit import ActingUser, moves_detail, record
-from master.notifier import shards_changed
+from master.access.audit import ActingUser, moves_detail, record
+from master.access.credentials import issue_token
 from master.services.shared import HostMove, check_names, check_new_names, get_labels, get_shard, reassign
-from master.tokens import issue_token
+from master.sync.notifier import shards_changed
 
 
 @dataclass

@@ -5,15 +5,15 @@ A change a shard must see raises the record's `version`, so the next heartbeat r
 
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from django.db.models import F
 
 from common.errors import FleetshardError, NotFound
 from common.models import Host, Label, Shard
-from master.assignment import shard_for_labels
-from master.notifier import shards_changed
+from master.services.assignment import shard_for_labels
+from master.sync.notifier import shards_changed
 
 # Names of hosts, labels and shards end up in URL paths, shell environments, file names, log lines
 # and the admin: plain ASCII without separators or '..' keeps them meaning only themselves there.
@@ -80,7 +80,23 @@ def check_string_map(kind: str, mapping: object, field_name: str) -> dict[str, s
         if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
             raise FleetshardError(f"invalid {kind} name {key!r}: {KEY_RULE}", field=field_name)
         check_text(f"{kind} {key}", value, field_name, max_length=MAX_VALUE_LENGTH)
+    check_env_names(kind, mapping, field_name)
     return dict(mapping)
+
+
+def check_env_names(kind: str, mapping: Mapping[str, object], field_name: str, new: Iterable[str] = ()) -> None:
+    """Refuses two names a job would see as one variable (`serial` and `SERIAL`, `a.b` and `a-b`: the
+    shard upper-cases them and writes `_` for `.` and `-`): one value was dropped, which one by chance.
+    With `new`, only a clash that involves one of those names (older ones were let in before)."""
+    seen: dict[str, str] = {}
+    fresh = set(new)
+    for key in mapping:
+        env = re.sub(r"[^A-Za-z0-9_]", "_", key).upper()
+        other = seen.setdefault(env, key)
+        if other != key and (not fresh or key in fresh or other in fresh):
+            raise FleetshardError(
+                f"{kind} names {other} and {key} are both {env} in a job's environment: use one", field=field_name
+            )
 
 
 def plural(kind: str, names: Iterable[str]) -> str:

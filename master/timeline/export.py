@@ -1,4 +1,4 @@
-"""The Chrome Trace Event export (DESIGN.md, "Timelines"), written as it is read from the database.
+"""The Chrome Trace Event export (docs/design.md, "Timelines"), written as it is read from the database.
 
 Rows come from a server-side cursor in chunks and leave as text chunks, so a trace of millions of
 intervals needs the memory of one chunk, not of the trace. Times are microseconds since the epoch.
@@ -8,15 +8,17 @@ import gzip
 import json
 import zlib
 from collections.abc import Iterable, Iterator
+from contextlib import suppress
 from datetime import UTC, datetime, timedelta
-from itertools import chain
 from pathlib import Path
 from typing import Any
 
+from django.db import Error as DatabaseError
 from django.db import connection, transaction
 from django.db.models import BigIntegerField, F, Func
 
 from common.models import Host, Shard
+from master.timeline.limits import Deadline
 from master.timeline.models import IntervalKind
 from master.timeline.query import Scope, selected
 
@@ -29,6 +31,7 @@ FLUSH_CHARS = 1 << 16
 GZIP_LEVEL = 7
 COUNTER_BUCKETS = 1000  # per shard: the counters' resolution, whatever the window's length
 NO_SHARD = 0  # the pid of intervals whose shard was deleted
+CUT_PID = (1 << 31) - 1  # the pid of the note of an export cut short at its deadline
 
 
 def us(when: datetime) -> int:
@@ -54,8 +57,13 @@ def _parts(s: Scope, *, batched: bool) -> Iterator[str]:
         pairs: set[tuple[int | None, int]] = set(rows.order_by().values_list("shard_id", "host_id").distinct())
         counters = _counters(s, {shard for shard, _ in pairs}) if pairs or s.shards else []
         shard_ids = {shard or NO_SHARD for shard, _ in pairs} | {shard for shard, *_ in counters}
-        slices = _slices(rows, batched=batched)
-        yield from chain(_metadata(shard_ids, pairs), _counter_events(counters), slices, _job_events(rows))
+        # One `yield from` each, not chain(): closing this generator (a reader gone, a deadline) must close
+        # the one it is in, whose atomic block and server-side cursor would otherwise outlive this one's
+        # and later end whatever transaction the thread's connection is in by then.
+        yield from _metadata(shard_ids, pairs)
+        yield from _counter_events(counters)
+        yield from _slices(rows, batched=batched)
+        yield from _job_events(rows)
 
 
 def _outermost() -> bool:
@@ -63,18 +71,55 @@ def _outermost() -> bool:
     return not connection.savepoint_ids
 
 
-def trace_chunks(s: Scope) -> Iterator[str]:
-    """The trace as text, chunk by chunk; joined, one JSON object."""
-    buffer, size = ['{"traceEvents":['], 0
-    for n, event in enumerate(_parts(s, batched=True)):
-        piece = event if n == 0 else "," + event
-        buffer.append(piece)
-        size += len(piece)
-        if size >= FLUSH_CHARS:
-            yield "".join(buffer)
-            buffer, size = [], 0
-    buffer.append('],"displayTimeUnit":"ms"}\n')
+def trace_chunks(s: Scope, deadline: Deadline | None = None) -> Iterator[str]:
+    """The trace as text, chunk by chunk; joined, one JSON object. Past `deadline` it ends early, still
+    whole, its transaction ended, with the reason in `otherData` and as a process named for it."""
+    parts = _parts(s, batched=True)
+    buffer, size, first, cut = ['{"traceEvents":['], 0, True, ""
+    try:
+        for event in parts:
+            piece = event if first else "," + event
+            first = False
+            buffer.append(piece)
+            size += len(piece)
+            if size >= FLUSH_CHARS:
+                if deadline is not None:
+                    deadline.before_idle()
+                yield "".join(buffer)
+                buffer, size = [], 0
+                if deadline is not None and deadline.passed():
+                    cut = deadline.note()
+                    break
+    except DatabaseError:
+        # PostgreSQL ended the transaction of a reader that stopped reading until the deadline.
+        if deadline is None or not deadline.passed():
+            raise
+        cut = deadline.note()
+    finally:
+        end_quietly(parts)
+    if cut:
+        buffer.append(("" if first else ",") + cut_event(cut))
+    other = f',"otherData":{{"cut_short":{json.dumps(cut)}}}' if cut else ""
+    buffer.append(f'],"displayTimeUnit":"ms"{other}}}\n')
     yield "".join(buffer)
+
+
+def cut_event(note: str) -> str:
+    """A process named for why the export was cut short, where a trace viewer shows it first."""
+    name = json.dumps(note)
+    return (
+        f'{{"name":"process_name","ph":"M","pid":{CUT_PID},"tid":0,"args":{{"name":{name}}}}},'
+        f'{{"name":"process_sort_index","ph":"M","pid":{CUT_PID},"tid":0,"args":{{"sort_index":-1}}}}'
+    )
+
+
+def end_quietly(events: Iterator[str]) -> None:
+    """Ends the events' generator, and with it their transaction; on a connection PostgreSQL closed at
+    the deadline, closing the cursor fails, and there is nothing left to end."""
+    close = getattr(events, "close", None)
+    if close is not None:
+        with suppress(Exception):
+            close()
 
 
 def _metadata(shard_ids: set[int], pairs: set[tuple[int | None, int]]) -> Iterator[str]:
@@ -291,8 +336,11 @@ def write_trace(s: Scope, path: Path) -> int:
 def gzipped(chunks: Iterable[str]) -> Iterator[bytes]:
     """A gzip stream of `chunks`, compressed as they come."""
     packer = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)
-    for chunk in chunks:
-        data = packer.compress(chunk.encode())
-        if data:
-            yield data
+    try:
+        for chunk in chunks:
+            data = packer.compress(chunk.encode())
+            if data:
+                yield data
+    finally:
+        end_quietly(iter(chunks))
     yield packer.flush()

@@ -13,8 +13,10 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
+from common.errors import NotFound
 from common.models import HostQueueEntry
 from common.wire import MAX_DEPTH, WireError, clean_text, loads
+from master.services.hqe_guard import hold_hqe
 from master.timeline.models import RunTrace
 
 MAX_TRACE_BYTES = 4 * 1024 * 1024
@@ -128,7 +130,10 @@ def sanitised(data: bytes) -> tuple[list[list[Any]], int]:
 def store_run_trace(hqe: HostQueueEntry, data: bytes) -> Stored:
     """Stores the HQE's trace once: a second upload (a retry after a lost answer) changes nothing.
 
-    Raises TraceRejected (nothing stored) for a file the export could not use."""
+    Raises TraceRejected (nothing stored) for a file the export could not use, NotFound when the HQE
+    is gone (purged) by now."""
+    if not hold_hqe(hqe.id):
+        raise NotFound(f"hqe: unknown HQE {hqe.id}", field="hqe")
     existing = RunTrace.objects.filter(hqe=hqe).first()
     if existing is not None:
         return Stored(existing, False)

@@ -8,10 +8,12 @@ import json
 from collections.abc import Iterator
 from typing import IO, Any
 
+from django.db import Error as DatabaseError
 from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TracePacket, TrackEvent
 from perfetto.trace_builder.proto_builder import StreamingTraceProtoBuilder
 
-from master.timeline.export import trace_events
+from master.timeline.export import cut_event, end_quietly, trace_events
+from master.timeline.limits import Deadline
 from master.timeline.query import Scope
 
 SEQUENCE = 1
@@ -125,12 +127,30 @@ class _Builder:
             self.builder.write_packet(packet)
 
 
-def pftrace_chunks(s: Scope) -> Iterator[bytes]:
-    """The trace as Perfetto protobuf bytes, chunk by chunk; joined, one `Trace` message."""
+def pftrace_chunks(s: Scope, deadline: Deadline | None = None) -> Iterator[bytes]:
+    """The trace as Perfetto protobuf bytes, chunk by chunk; joined, one `Trace` message. Past
+    `deadline` it ends early, with a process named for the reason (as the Chrome trace does)."""
     sink = _Sink()
     builder = _Builder(sink)
-    for text in trace_events(s):
-        builder.feed(json.loads(text))
-        if sink.size >= FLUSH_BYTES:
-            yield sink.take()
+    events = trace_events(s)
+    cut = ""
+    try:
+        for text in events:
+            builder.feed(json.loads(text))
+            if sink.size >= FLUSH_BYTES:
+                if deadline is not None:
+                    deadline.before_idle()
+                yield sink.take()
+                if deadline is not None and deadline.passed():
+                    cut = deadline.note()
+                    break
+    except DatabaseError:
+        if deadline is None or not deadline.passed():
+            raise
+        cut = deadline.note()
+    finally:
+        end_quietly(events)
+    if cut:
+        for event in json.loads(f"[{cut_event(cut)}]"):
+            builder.feed(event)
     yield sink.take()

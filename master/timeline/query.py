@@ -1,4 +1,4 @@
-"""What a timeline export or its totals cover (DESIGN.md, "Timelines": shards, label, jobs, window),
+"""What a timeline export or its totals cover (docs/design.md, "Timelines": shards, label, jobs, window),
 and the SQL both share: intervals are clipped to the window in the database the same way for both,
 so the totals equal the sums of the exported slices."""
 

@@ -4,9 +4,10 @@ shard's host events (`record_host_changes`, docs/protocol.md "host_events").
 Both are idempotent: an update or report seen twice leaves the intervals as they were.
 """
 
+import bisect
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
@@ -118,10 +119,11 @@ def record_host_changes(changes: list[HostChange]) -> list[Interval | None]:
     by_host: dict[int, list[Interval]] = {}
     for interval in known:
         by_host.setdefault(interval.host_id, []).append(interval)
+    histories = {host_id: _History(intervals) for host_id, intervals in by_host.items()}
     dirty: dict[int, Interval] = {}
     gone: set[int] = set()
     new: list[Interval] = []
-    found = [_replay(by_host.setdefault(c.host_id, []), c, dirty, gone, new) for c in changes]
+    found = [_replay(histories.setdefault(c.host_id, _History([])), c, dirty, gone, new) for c in changes]
     if gone:
         Interval.objects.filter(id__in=gone).delete()
     bulk_set(Interval, [{"id": i.id, "end": i.end} for key, i in dirty.items() if key not in gone], ["end"])
@@ -133,8 +135,68 @@ def record_host_changes(changes: list[HostChange]) -> list[Interval | None]:
     return found
 
 
+class _History:
+    """A host's intervals in memory, sorted by start, so that one change costs a search and a look at
+    the intervals near its time, not a pass over the host's whole history: a thousand stale events
+    against a host with 20,000 intervals took 7.9 s that way."""
+
+    def __init__(self, intervals: list[Interval]) -> None:
+        self.items = sorted(intervals, key=lambda i: i.start)
+        self.starts = [i.start for i in self.items]
+        self.open = [i for i in self.items if i.end is None]
+        # No ended interval is longer: one ending after `at` starts after `at - longest`. Only grows.
+        self.longest = max((i.end - i.start for i in self.items if i.end is not None), default=timedelta(0))
+
+    def add(self, interval: Interval) -> None:
+        at = bisect.bisect_right(self.starts, interval.start)
+        self.items.insert(at, interval)
+        self.starts.insert(at, interval.start)
+        if interval.end is None:
+            self.open.append(interval)
+        else:
+            self.longest = max(self.longest, interval.end - interval.start)
+
+    def remove(self, interval: Interval) -> None:
+        at = bisect.bisect_left(self.starts, interval.start)
+        while self.items[at] is not interval:
+            at += 1
+        del self.items[at], self.starts[at]
+        if interval.end is None:
+            self.open.remove(interval)
+
+    def end(self, interval: Interval, at: datetime) -> None:
+        if interval.end is None:
+            self.open.remove(interval)
+        interval.end = at
+        self.longest = max(self.longest, at - interval.start)
+
+    def holding(self, at: datetime) -> list[Interval]:
+        """The intervals under way at `at`, in start order."""
+        found = [i for i in self.open if i.start <= at]
+        lowest = at - self.longest
+        index = bisect.bisect_right(self.starts, at) - 1
+        while index >= 0 and self.starts[index] >= lowest:
+            interval = self.items[index]
+            if interval.end is not None and interval.end > at:
+                found.append(interval)
+            index -= 1
+        return sorted(found, key=lambda i: i.start)
+
+    def starting_at(self, at: datetime) -> list[Interval]:
+        index = bisect.bisect_left(self.starts, at)
+        found = []
+        while index < len(self.starts) and self.starts[index] == at:
+            found.append(self.items[index])
+            index += 1
+        return found
+
+    def next_start(self, after: datetime) -> datetime | None:
+        index = bisect.bisect_right(self.starts, after)
+        return self.starts[index] if index < len(self.starts) else None
+
+
 def _replay(
-    mine: list[Interval], c: HostChange, dirty: dict[int, Interval], gone: set[int], new: list[Interval]
+    mine: _History, c: HostChange, dirty: dict[int, Interval], gone: set[int], new: list[Interval]
 ) -> Interval | None:
     """One change against the host's intervals in memory (`mine`, kept without the removed ones)."""
 
@@ -146,12 +208,12 @@ def _replay(
             else:
                 gone.add(interval.id)
         else:
-            interval.end = at
+            mine.end(interval, at)
             if interval.id is not None:
                 dirty[interval.id] = interval
 
     at = c.at
-    holding = [i for i in mine if i.start <= at and (i.end is None or i.end > at)]
+    holding = mine.holding(at)
     current = next((i for i in holding if i.kind != IntervalKind.RUN), None)
     run = next((i for i in holding if i.kind == IntervalKind.RUN), None)
     if c.status not in STATUS_KINDS:
@@ -165,19 +227,19 @@ def _replay(
         if run.end is None:
             return None
         start = run.end
-        there = next((i for i in mine if i.start == start and i.kind != IntervalKind.RUN), None)
+        there = next((i for i in mine.starting_at(start) if i.kind != IntervalKind.RUN), None)
         if there is not None:
             return there if there.kind == c.status else None
     elif current is not None:
         old_end = current.end
         cut(current, at)
-    following = min((i.start for i in mine if i.start > start), default=None)
+    following = mine.next_start(start)
     ends = [t for t in (old_end, following) if t is not None]
     end = min(ends) if ends else None
     if end is not None and end <= start:
         return None
     opened = Interval(kind=c.status, host_id=c.host_id, shard_id=c.shard_id, start=start, end=end)
-    mine.append(opened)
+    mine.add(opened)
     new.append(opened)
     return opened
 

@@ -1,7 +1,8 @@
-"""Totals per host, label or shard over a window (DESIGN.md, "Timelines"), computed in the database:
+"""Totals per host, label or shard over a window (docs/design.md, "Timelines"), computed in the database:
 three queries (the clipped sums, the hosts counted, the queue waits) whatever the intervals' number.
 
-Idle is what the hosts' window leaves after their intervals. The queue wait of a run is its job's
+Idle is what the hosts' window leaves after their intervals, a host's window starting no earlier than
+its creation (Host.created_on). The queue wait of a run is its job's
 creation to its HQE's start: p50 and p95 are percentile_cont on PostgreSQL, the nearest rank on
 SQLite (which has no percentile function).
 """
@@ -10,7 +11,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection
-from django.db.models import Count, F, Q, Sum
+from django.db.models import Count, DateTimeField, F, Q, Sum, Value
+from django.db.models.functions import Greatest
 
 from common.errors import FleetshardError
 from common.models import Host
@@ -37,7 +39,7 @@ def windowed(s: Scope) -> Scope:
 
 
 def stats(s: Scope, by: str = "host") -> list[dict[str, Any]]:
-    """One row per key, sorted by key: DESIGN.md's fields, plus repair_failed_s."""
+    """One row per key, sorted by key: docs/design.md's fields, plus repair_failed_s."""
     if by not in BY:
         raise FleetshardError(f"invalid by {by!r}: use host, label or shard", field="by")
     s = windowed(s)
@@ -58,16 +60,28 @@ def stats(s: Scope, by: str = "host") -> list[dict[str, Any]]:
         hosts = hosts.filter(shard__hostname__in=s.shards)
     if s.label is not None:
         hosts = hosts.filter(labels__name=s.label)
-    population = dict(
-        hosts.order_by().values(key=F(_HOST_KEYS[by])).annotate(n=Count("id", distinct=True)).values_list("key", "n")
-    )
+    # A host counts from the window's start or its creation, whichever is later: a lab made three
+    # minutes ago has three minutes of capacity, not a day of idle.
+    since, end = Value(s.since, DateTimeField()), Value(s.end, DateTimeField())
+    existed = Greatest(Seconds(end, Greatest(since, F("created_on"))), Value(0.0))
+    population = {
+        row["key"]: (row["n"], float(row["existed_s"] or 0.0))
+        for row in hosts.order_by()
+        .values(key=F(_HOST_KEYS[by]))
+        .annotate(n=Count("id", distinct=True), existed_s=Sum(existed))
+    }
     waits = _waits(s, key)
     result = []
     for name in sorted(k for k in set(rows) | set(population) if k is not None):
         row = rows.get(name, {})
         busy = {field: float(row.get(field) or 0.0) for field in _SUMS}
-        hosts_n = max(population.get(name, 0), row.get("hosts_seen", 0))
-        capacity = hosts_n * window_s
+        known_n, existed_s = population.get(name, (0, 0.0))
+        hosts_n = max(known_n, row.get("hosts_seen", 0))
+        # Hosts seen in intervals but gone since (deleted) count the whole window, as before.
+        capacity = existed_s + (hosts_n - known_n) * window_s
+        # Never less than what was busy: intervals older than a host's record (one deleted and made
+        # again under its name) must not read as over 100% use.
+        capacity = max(capacity, sum(busy.values()))
         p50, p95 = waits.get(name, (None, None))
         result.append(
             {

@@ -1,1 +1,1 @@
-"""Elastic workers (DESIGN.md, "Elastic workers"): the worker manager's policy, its backends and its loop."""
+"""Elastic workers (docs/design.md, "Elastic workers"): the worker manager's policy, its backends and its loop."""

@@ -1,6 +1,6 @@
 """Where elastic workers run: a `Backend` lists the pool's workers with their state, starts one, stops one.
 
-The backend's list is the truth (DESIGN.md, "Elastic workers"): the manager keeps no count of its own,
+The backend's list is the truth (docs/design.md, "Elastic workers"): the manager keeps no count of its own,
 so a manager restarted finds its workers again. Each backend finds its own by the pool's name
 (a Slurm job name, a directory of pid files), which says which shard and which labels they serve.
 """
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shard.elastic.policy import Worker, WorkerState
-from shard.tracking import proc_stat
+from shard.run.tracking import proc_stat
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +27,8 @@ MAX_TOOL_OUTPUT = 1024 * 1024
 TOOL_TIMEOUT_S = 30.0
 # A local worker runs its command only once told to by the manager, after its pid file is written.
 GATE = 'read -r go && [ "$go" = go ] && exec "$@" </dev/null'
+# The same, passing the worker its id: the shell's pid, which exec keeps (the id the backend lists).
+GATE_WITH_ID = 'read -r go && [ "$go" = go ] && exec "$@" "--worker-id=$$" </dev/null'
 
 
 class BackendError(Exception):
@@ -41,6 +43,9 @@ class WorkerSpec:
     command: tuple[str, ...]
     cwd: Path
     log_dir: Path
+    # Whether the command takes `--worker-id=ID` (a run_shard worker): the backend's id of the worker
+    # (a local worker's pid, a Slurm job id) is passed, so its hosts are named after it.
+    worker_id: bool = False
 
 
 class Backend(ABC):
@@ -102,7 +107,13 @@ class LocalBackend(Backend):
         try:
             with open(self.dir / f"{name}.log", "wb") as out:
                 child = subprocess.Popen(
-                    ("/bin/sh", "-c", GATE, "fleetshard-worker", *self.spec.command),
+                    (
+                        "/bin/sh",
+                        "-c",
+                        GATE_WITH_ID if self.spec.worker_id else GATE,
+                        "fleetshard-worker",
+                        *self.spec.command,
+                    ),
                     cwd=self.spec.cwd,
                     stdin=subprocess.PIPE,
                     stdout=out,
@@ -227,7 +238,10 @@ class SlurmBackend(Backend):
             "--export=ALL",
             "--parsable",
         ]
-        argv += ["--wrap", "exec " + shlex.join(self.spec.command)]
+        wrapped = "exec " + shlex.join(self.spec.command)
+        if self.spec.worker_id:
+            wrapped += ' "--worker-id=$SLURM_JOB_ID"'
+        argv += ["--wrap", wrapped]
         return argv
 
     def start(self) -> str:

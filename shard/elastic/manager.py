@@ -23,7 +23,7 @@ from common.models import Host, HostQueueEntry, Job
 from shard.elastic.backends import Backend, BackendError
 from shard.elastic.policy import Decision, Limits, Skip, Worker, WorkerState, decide
 from shard.models import WorkerPool
-from shard.recovery import runner_alive
+from shard.run.recovery import runner_alive
 
 log = logging.getLogger("shard.worker_manager")
 
@@ -51,7 +51,7 @@ def queued_for(labels: Sequence[str]) -> "QuerySet[HostQueueEntry]":
 
 def abandoned_work() -> bool:
     """Whether a dead scheduler process (a worker killed mid-run) left runs or hosts behind. Only a
-    worker's recovery closes them (shard.recovery), so with no worker left they would stay open."""
+    worker's recovery closes them (shard.run.recovery), so with no worker left they would stay open."""
     busy = (HostStatus.RUNNING, HostStatus.CLEANING, HostStatus.REPAIRING)
     active = (HQEStatus.STARTING, HQEStatus.RUNNING)
     runners = set(Host.objects.filter(status__in=busy).values_list("state__runner", flat=True))
@@ -113,12 +113,18 @@ class WorkerManager:
         clock: Callable[[], datetime] = timezone.now,
         metrics: Metrics | None = None,
         abandoned: Callable[[], bool] = abandoned_work,
+        slots: int = 1,
+        free: Callable[[set[str]], int] | None = None,
     ) -> None:
         self.backend = backend
         self.limits = limits
         self.key = key
         self.queued = queued
         self.abandoned = abandoned
+        # Each worker brings `slots` hosts; `free` says how many of the queued HQEs the live workers'
+        # hosts (and those of workers still registering) can take now, given the backend's active ids.
+        self.slots = slots
+        self.free = free
         self.clock = clock
         self.metrics = metrics or Metrics()
         self._last_skip: Skip | None = None
@@ -133,6 +139,8 @@ class WorkerManager:
             self.metrics.errors.labels("list").inc()
             log.warning("cannot list the %s workers: %s", self.backend.name, exc)
             return None
+        if self.free is not None and queued > 0:
+            queued = max(0, queued - self.free({w.id for w in workers if w.state == WorkerState.ACTIVE}))
         if not self._found:
             self._found = True
             pending = sum(w.state == WorkerState.PENDING for w in workers)
@@ -145,7 +153,7 @@ class WorkerManager:
             # At least one worker whatever the queue (a pending one is kept): its recovery closes
             # the dead one's runs as infra failures.
             limits = replace(limits, min_workers=1)
-        decision = decide(limits, queued, workers, since)
+        decision = decide(limits, queued, workers, since, self.slots)
         self.metrics.queued.set(queued)
         for state in WorkerState:
             self.metrics.workers.labels(state.value).set(sum(w.state == state for w in workers))

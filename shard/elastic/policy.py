@@ -1,4 +1,4 @@
-"""The worker manager's policy, as DESIGN.md ("Elastic workers") writes it: a pure function of what the
+"""The worker manager's policy, as docs/design.md ("Elastic workers") writes it: a pure function of what the
 backend reports, the queued work and the time since the last start, so a restart changes nothing.
 
 Each tick it starts one worker when work is queued, unless there are `max_workers` workers, pending
@@ -64,10 +64,13 @@ def rate_limited(limits: Limits, since_last_start: float | None) -> bool:
     return since_last_start is not None and abs(since_last_start) < limits.min_seconds_between_workers
 
 
-def decide(limits: Limits, queued: int, workers: list[Worker], since_last_start: float | None) -> Decision:
-    """What one tick does, given the queued HQEs the pool could run and the backend's list of workers."""
+def decide(
+    limits: Limits, queued: int, workers: list[Worker], since_last_start: float | None, slots: int = 1
+) -> Decision:
+    """What one tick does, given the queued HQEs the pool could run and the backend's list of workers;
+    each worker takes `slots` HQEs at once."""
     pending = sorted((w for w in workers if w.state == WorkerState.PENDING), key=lambda w: (w.order, w.id))
-    surplus = min(len(pending) - queued, len(workers) - limits.min_workers)
+    surplus = min(len(pending) - -(-max(queued, 0) // slots), len(workers) - limits.min_workers)
     stop = tuple(w.id for w in pending[len(pending) - surplus :]) if surplus > 0 else ()
     total = len(workers) - len(stop)
     waiting = len(pending) - len(stop)
@@ -79,7 +82,7 @@ def decide(limits: Limits, queued: int, workers: list[Worker], since_last_start:
         return Decision(False, None, stop)
     if total >= limits.max_workers:
         skip = Skip.MAX_WORKERS
-    elif waiting >= queued:
+    elif waiting * slots >= queued:
         skip = Skip.PENDING_COVERS_QUEUE
     elif rate_limited(limits, since_last_start):
         skip = Skip.RATE_LIMIT

@@ -65,7 +65,7 @@ def test_the_job_mix_is_seeded_and_complete(chaos, tmp_path):
         assert (plan.abort_after_s is not None) == (plan.kind == "abort")
 
 
-@pytest.mark.parametrize(("faults", "total"), [(5, 14), (1, 6), (0, 0)])
+@pytest.mark.parametrize(("faults", "total"), [(5, 16), (1, 8), (0, 0)])
 def test_faults_scale_down_to_one_of_each_kind(chaos, tmp_path, faults, total):
     run = chaos.Chaos(argparse.Namespace(faults=faults), random.Random(1), tmp_path, "t2", marks=tmp_path)
     plan = run.fault_plan()

@@ -1,7 +1,7 @@
 """The admin in a real browser: a real master (gunicorn) and a real `run_shard` heartbeating to it.
 
 The world is made through master.services in the master's own Django (Master.shell). The overview
-and shard-list tests save the screenshots that the README shows (`make screenshots` writes docs/admin-*.png).
+and shard-list tests save the screenshots that docs/features.md shows (`make screenshots` writes docs/admin-*.png).
 """
 
 import os
@@ -18,7 +18,7 @@ from tests.support import ROOT, Master, ShardProcess, free_port, make_shard_proc
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
-# `make screenshots` points this at docs/ to refresh the README's pictures; a plain test run keeps
+# `make screenshots` points this at docs/ to refresh docs/features.md's pictures; a plain test run keeps
 # its pictures under var/ so it never changes tracked files.
 SHOTS = Path(os.environ.get("FLEETSHARD_SCREENSHOTS_DIR") or ROOT / "var" / "screenshots")
 USER, PASSWORD = "operator", "fleetshard-ui-test"
@@ -51,6 +51,7 @@ from django.utils import timezone
 from common.models import Host, HostQueueEntry, Job
 from master.timeline.models import Interval
 now = timezone.now()
+Host.objects.update(created_on=now - timedelta(days=2))  # the history below is theirs: they existed then
 for n, (hostname, ago_h, run_h) in enumerate([("sunfish-01", 20, 3), ("sunfish-02", 12, 5), ("sunfish-03", 6, 2)]):
     host = Host.objects.get(hostname=hostname)
     start = now - timedelta(hours=ago_h)
@@ -136,7 +137,7 @@ def pick_action(page: Any, base: str, changelist: str, search: str, action: str)
 
 
 def screenshot(page: Any, name: str) -> None:
-    """Saves a README picture: a wide window with the admin's navigation sidebar folded away."""
+    """Saves a docs/features.md picture: a wide window with the admin's navigation sidebar folded away."""
     page.evaluate("localStorage.setItem('django.admin.navSidebarIsOpen', 'false')")
     page.set_viewport_size({"width": 1440, "height": 760})
     page.reload()
@@ -343,3 +344,62 @@ def test_abort_a_running_job_reaches_the_shard(world: World, page: Any, shard_ad
         interval=1,
         what="the shard to kill the job and report it Aborted",
     )
+
+
+# The lists at 1400 px, as a lab engineer first opens them: every column in view, names on one line,
+# no red cross for a normal state, seconds on times, and no link that leads to a 404.
+LISTS = ["/admin/common/job/", "/admin/common/host/", "/admin/common/shard/"]
+
+
+@pytest.fixture
+def wide(chromium: Any, session_state: str) -> Iterator[Any]:
+    context = chromium.new_context(viewport={"width": 1400, "height": 900}, storage_state=session_state)
+    context.set_default_timeout(20_000)
+    page = context.new_page()
+    yield page
+    context.close()
+
+
+CLIPPED = """() => {
+    const table = document.querySelector('#result_list');
+    const right = document.documentElement.clientWidth;
+    const cells = [...table.querySelectorAll('thead th')];
+    const out = cells.filter(c => c.getBoundingClientRect().right > right + 1).map(c => c.innerText.trim());
+    const scroller = table.closest('.results');
+    if (scroller && scroller.scrollWidth > scroller.clientWidth + 1) {
+        const widths = cells.map(c => c.innerText.trim() + ' ' + Math.round(c.getBoundingClientRect().width));
+        out.push('(the list scrolls sideways: ' + scroller.scrollWidth + ' > ' + scroller.clientWidth + '; '
+                 + widths.join(', ') + ')');
+    }
+    return out;
+}"""
+
+TALL_NAMES = """() => [...document.querySelectorAll('#result_list td.field-name, #result_list th.field-name')]
+    .filter(c => c.getBoundingClientRect().height > 2 * parseFloat(getComputedStyle(c).lineHeight || 16) + 12)
+    .map(c => c.innerText)"""
+
+
+@pytest.mark.parametrize("path", LISTS)
+def test_the_lists_show_every_column_at_1400_px_without_red_crosses(world: World, wide: Any, path: str) -> None:
+    wide.goto(world.master.url + path)
+    assert wide.locator("#result_list").count() == 1, wide.content()[:2000]
+    assert wide.evaluate(CLIPPED) == [], f"{path}: clipped columns"
+    assert wide.evaluate(TALL_NAMES) == [], f"{path}: names wrapped over lines"
+    crosses = wide.locator("#result_list img[src*='icon-no']")
+    assert crosses.count() == 0, f"{path}: a red cross for a normal state (not aborted, not locked)"
+
+
+def test_times_have_seconds_and_no_link_leads_to_a_404(world: World, wide: Any) -> None:
+    base = world.master.url
+    wide.goto(base + "/admin/common/job/")
+    created = wide.locator("#result_list td.field-created_on").first.inner_text()
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", created.strip()), created
+    wide.goto(f"{base}/admin/common/job/{world.parked_job}/change/")
+    page_text = wide.locator("#content").inner_text()
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", page_text), page_text[:1000]
+    cookies = {c["name"]: c["value"] for c in wide.context.cookies()}
+    hrefs = wide.evaluate("() => [...document.querySelectorAll('#header a, #user-tools a')].map(a => a.href)")
+    for href in hrefs:
+        if href.startswith(base) and "logout" not in href:
+            status = requests.get(href, cookies=cookies, timeout=10, allow_redirects=True).status_code
+            assert status == 200, f"{href}: {status}"

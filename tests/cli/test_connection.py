@@ -82,7 +82,10 @@ def test_the_command_as_a_process(server, fleet):
     assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", "Error: unknown host nosuch\n")
     proc = run_process("host", "mod", "a1", env=env)
     assert (proc.returncode, proc.stdout) == (2, "")
-    assert proc.stderr == "Error: give exactly one of --lock and --unlock (see fleetshard host mod --help)\n"
+    assert proc.stderr == (
+        "Error: give --lock, --unlock, --attribute KEY=VALUE or --remove-attribute KEY "
+        "(see fleetshard host mod --help)\n"
+    )
 
 
 def test_the_installed_script(server, fleet):

@@ -12,7 +12,10 @@ from tests.fleet_state import snapshot
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-HOST_FIELDS = {"id", "hostname", "status", "shard", "labels", "locked", "lock_reason", "attributes"}
+HOST_FIELDS = {
+    "id", "hostname", "status", "shard", "labels", "locked", "lock_reason", "attributes",
+    "origin", "discovered_by", "last_seen",
+}  # fmt: skip
 
 
 def test_host_create_with_labels_attributes_and_a_lock(cli, fleet):
@@ -34,6 +37,9 @@ def test_host_create_with_labels_attributes_and_a_lock(cli, fleet):
         "locked": True,
         "lock_reason": "not wired yet",
         "attributes": {"serial": "X1", "rack": "r 3"},
+        "origin": "declared",
+        "discovered_by": None,
+        "last_seen": None,
     }
     assert Host.objects.get(hostname="n2").shard == fleet.lab1
 
@@ -117,8 +123,8 @@ def test_host_mod_locks_and_unlocks(cli, fleet):
 def test_host_mod_errors(cli, fleet):
     before = snapshot()
     fails(cli("host", "mod", "--lock", "a1", "zz"), "Error: unknown host zz")
-    fails(cli("host", "mod", "a1"), "give exactly one of --lock and --unlock", code=2)
-    fails(cli("host", "mod", "--lock", "--unlock", "a1"), "give exactly one of --lock and --unlock", code=2)
+    fails(cli("host", "mod", "a1"), "give --lock, --unlock, --attribute KEY=VALUE or --remove-attribute KEY", code=2)
+    fails(cli("host", "mod", "--lock", "--unlock", "a1"), "give one of --lock and --unlock, not both", code=2)
     assert snapshot() == before
 
 

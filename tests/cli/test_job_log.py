@@ -84,7 +84,7 @@ def test_job_log_follow_json_is_one_slice_per_line(cli, hqe):
 
 def test_job_log_of_a_job_with_several_entries_asks_for_one(cli, fleet):
     job = fleet.job(meta_hosts=[("board:a", 2)])
-    fails(cli("job", "log", str(job.id)), f"hqe: job {job.id} has 2 entries: name one with hqe")
+    fails(cli("job", "log", str(job.id)), f"hqe: job {job.id} has 2 entries: name one with --hqe N")
 
 
 def test_job_log_of_an_unknown_job_fails_in_one_line(cli, fleet):

@@ -14,6 +14,7 @@ import pytest
 
 from common.models import Host, HostQueueEntry, Job
 from master import services
+from master.models import AuditRecord
 from tests.cli.conftest import fails, ok, syntax_or_refusal
 from tests.fleet_state import snapshot
 from tests.support import ROOT, wait_until
@@ -91,6 +92,9 @@ def test_job_create_errors_change_nothing(cli, fleet, args, message):
     assert snapshot() == before
 
 
+AB = ("-c", "true", "-m", "board:a")
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -99,6 +103,21 @@ def test_job_create_errors_change_nothing(cli, fleet, args, message):
         (("-m", "board:a", "smoke"), "Missing option '-c'"),
         (("-c", "true", "-m", "board:a", "--timeout-mins", "0", "smoke"), "Invalid value for '--timeout-mins'"),
         (("-c", "true", "-m", "board:a", "-k", "novalue", "smoke"), "'novalue' is not NAME=VALUE"),
+        (
+            AB + ("--variant", "c=/no/such/build", "--variant", "t", "smoke"),
+            "--variant c=/no/such/build: /no/such/build",
+        ),
+        # A path too long to look up was a traceback (Path.exists raises ENAMETOOLONG).
+        (AB + ("--variant", "c=" + "x" * 5000, "--variant", "t", "smoke"), "x... does not exist"),
+        (AB + ("--variant", "a", "--variant", "b", "--variant", "c", "smoke"), "exactly 2 variants"),
+        (AB + ("--variant", "a", "smoke"), "exactly 2 variants (the baseline first), not 1"),
+        (AB + ("--variant", "a", "--variant", "a", "smoke"), "different names"),
+        (AB + ("--variant", "../x", "--variant", "b", "smoke"), "invalid variant name '../x'"),
+        (AB + ("--variant", "a", "--variant", "b", "--repeat", "0", "smoke"), "repeat: 0 repeats: use 1 to 1000"),
+        (AB + ("--variant", "a", "--variant", "b", "--repeat", "10000", "smoke"), "10000 repeats: use 1 to 1000"),
+        (AB + ("--variant", "a", "--variant", "b", "--repeat", "auto:2", "smoke"), "pairs for --repeat auto"),
+        (AB + ("--variant", "a", "--variant", "b", "--repeat", "lots", "smoke"), "use a number, auto or auto:MAX"),
+        (AB + ("--repeat", "3", "smoke"), "--repeat needs --variant"),
     ],
 )
 def test_job_create_bad_usage(cli, fleet, args, message):
@@ -176,14 +195,34 @@ def test_job_output_and_names_cannot_drive_the_operators_terminal(cli, fleet):
     assert json.loads(ok(cli("job", "stat", str(job.id), "--json")).stdout)["hqes"][0]["log_tail"] == tail
 
 
+def test_a_newline_in_a_job_name_cannot_print_a_row_of_its_own(cli, fleet):
+    """A job named "x\\n999  Completed ..." printed a second, fake row in `job list` (issue 23): a
+    table's cells are on one line, their tabs and newlines shown escaped."""
+    fleet.job("real\n4242  fake-job  Completed\tana")
+    out = ok(cli("job", "list")).stdout
+    lines = out.rstrip("\n").split("\n")
+    assert len(lines) == 2, out
+    assert "real\\n4242  fake-job  Completed\\tana" in lines[1]
+    stat = ok(cli("job", "stat", str(Job.objects.get().id))).stdout
+    assert "real\\n4242" in stat and not any(line.startswith("4242") for line in stat.splitlines())
+
+
 def test_job_abort_by_owner_and_staff(cli, server, fleet):
     mine = fleet.job("mine")  # owner ana
     other = fleet.job("other")
     out = ok(cli("job", "abort", str(mine.id), token=server.user_token)).stdout
-    assert out.startswith(f"Aborted jobs: {mine.id} ")
+    assert out.startswith(f"Aborted job {mine.id} ")
     obj = json.loads(ok(cli("job", "abort", str(other.id), "--json")).stdout)
     assert obj["jobs"][0]["id"] == other.id and obj["jobs"][0]["aborted"] is True
     assert set(Job.objects.filter(aborted=True).values_list("id", flat=True)) == {mine.id, other.id}
+    # Asked again before the shard stopped them: said so, and not recorded a second time.
+    records = AuditRecord.objects.filter(action="job.abort").count()
+    third = fleet.job("third")
+    out = ok(cli("job", "abort", str(mine.id), str(third.id))).stdout
+    assert out == (
+        f"Aborted job {third.id}; job {mine.id} was already aborted (their shard stops them at its next heartbeat)\n"
+    )
+    assert AuditRecord.objects.filter(action="job.abort").count() == records + 1
 
 
 def test_job_abort_refusals_change_nothing(cli, server, fleet, heartbeat):
@@ -290,3 +329,14 @@ def test_job_wait_updates_one_line_in_place_on_a_terminal(server, fleet, heartbe
     os.close(leader)
     assert proc.returncode == 0
     assert bytes(screen) == b"\r\x1b[K1 job: 1 Queued\r\x1b[K1 job: 1 Completed\r\n"
+
+
+def test_job_create_an_ab_job_with_a_revision(cli, fleet, tmp_path):
+    build = tmp_path / "build"
+    build.write_text("new")
+    args = ("job", "create", "ab", "-c", "true", "-m", "board:a", "--variant", "control", "--variant", f"treat={build}")
+    created = json.loads(ok(cli(*args, "--repeat", "auto:20", "--revision", "abc", "--json")).stdout)
+    assert created["ab"] == {"variants": ["control", "treat"], "repeat": 20, "auto": True, "min_change": 2.0}
+    assert created["keyvals"] == {"revision": "abc"}
+    plain = json.loads(ok(cli("job", "create", "plain", "-c", "true", "-m", "board:a", "--json")).stdout)
+    assert plain["ab"] == {}

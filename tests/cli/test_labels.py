@@ -6,6 +6,7 @@ import pytest
 
 from common.models import Host, Job, Label
 from master import services
+from master.models import AuditRecord
 from tests.cli.conftest import fails, ok
 from tests.fleet_state import snapshot
 
@@ -110,6 +111,18 @@ def test_label_add_and_remove_on_hosts(cli, fleet, tmp_path):
         "Removed label pool:x from hosts: a1, a2\n"
     )
     assert list(Host.objects.filter(labels__name="pool:x").values_list("hostname", flat=True)) == ["a3"]
+
+
+def test_label_add_on_hosts_that_have_it_says_so_and_records_nothing(cli, fleet):
+    ok(cli("label", "add", "pool:x", "-m", "a1"))
+    records = AuditRecord.objects.count()
+    assert ok(cli("label", "add", "pool:x", "-m", "a1")).stdout == "host a1 already had label pool:x: nothing to do\n"
+    assert AuditRecord.objects.count() == records
+    assert ok(cli("label", "add", "pool:x", "-m", "a1,a2")).stdout == (
+        "Added label pool:x to hosts: a2; host a1 already had label pool:x: nothing to do\n"
+    )
+    (record,) = AuditRecord.objects.filter(action="host.add_label").order_by("-id")[:1]
+    assert sorted(t.name for t in record.targets.all() if t.kind == "host") == ["a2"]
 
 
 def test_label_add_moves_a_host_to_the_labels_shard(cli, fleet):

@@ -11,6 +11,7 @@ import pytest
 
 from cli.results import sparkline
 from common.models import HostQueueEntry
+from common.units import duration
 from master import services
 from master.models import AuditRecord, Regression
 from master.results.detection import drain
@@ -57,6 +58,16 @@ def test_results_timings_json_and_table(cli, stored):
     assert len(labelled) == 1
     text = ok(cli("results", "timings", "t", "e", "--limit", "0")).stdout
     assert len(text.splitlines()) == 41 and "▁" not in text  # not a terminal: no sparkline
+    # Times in the unit the chart uses, not 3.2e-06 seconds.
+    assert text.splitlines()[0].split()[:3] == ["Start", "Wall", "CPU"]
+    wall = rows[-1]["wall_time_s"]
+    assert f" {duration(wall)} " in text.splitlines()[-1]
+
+
+def test_results_timings_of_microseconds_read_as_microseconds(cli, fleet):
+    store_result_file(tf_file("tiny", hour(0), {"e": 3.2e-6}), "0.json", acting_user=None)
+    text = ok(cli("results", "timings", "tiny", "e")).stdout
+    assert "3.2 µs" in text.splitlines()[1] and "e-06" not in text
 
 
 def test_results_timings_draws_a_sparkline_on_a_terminal(server, stored):
@@ -114,14 +125,58 @@ def test_results_errors(cli, server, stored):
 
 
 def test_job_stat_shows_quarantined_result_files(cli, fleet):
-    from master.results.formats import ResultFormatError
+    from common.result_formats import ResultFormatError
     from master.results.ingest import record_rejection
 
     job = fleet.job()
     hqe = HostQueueEntry.objects.get(job=job)
     record_rejection(hqe, "broken.json", b"{", ResultFormatError("broken.json", "startTime", "not a number"))
     out = ok(cli("job", "stat", str(job.id))).stdout
-    assert f"Quarantined result files:\n  entry {hqe.id} (-): broken.json: broken.json: startTime: not a number" in out
+    # The file named once, not `broken.json: broken.json: ...`.
+    assert f"Quarantined result files:\n  entry {hqe.id} (-): broken.json: startTime: not a number\n" in out
     (shown,) = json.loads(ok(cli("job", "stat", str(job.id), "--json")).stdout)["hqes"]
     assert shown["quarantined"] == [{"name": "broken.json", "reason": "broken.json: startTime: not a number"}]
     assert shown["results"] == 0
+
+
+def test_results_compare_of_an_ab_job_says_slower_on_the_slow_entry(cli, fleet):
+    from tests.master.results.test_compare import _ab_job
+
+    hqe = _ab_job(fleet, repeats=6, slow={"slow_path": 1.15})
+    side = f"{hqe.job_id}"
+    rows = json.loads(ok(cli("results", "compare", "--base", f"{side}:base", "--new", f"{side}:new", "--json")).stdout)
+    assert [(r["entry"], r["verdict"]) for r in rows] == [("slow_path", "slower"), ("fast_path", "no change")]
+    text = ok(cli("results", "compare", "--base", f"{side}:base", "--new", f"{side}:new")).stdout
+    header, slow, fast = text.splitlines()
+    assert header.split()[:4] == ["Test", "Entry", "Base", "s"]
+    assert "slower" in slow and "+14.8%" in slow and "6/6" in slow
+    assert "no change" in fast
+
+
+def test_results_compare_refusals_are_one_line(cli, fleet):
+    fails(cli("results", "compare", "--base", "nope", "--new", "2"), "is not a side")
+    fails(cli("results", "compare", "--base", "7", "--new", "8"), "base: 7 has no results")
+    result = cli("results", "compare", "--base", "1", "--new", "2", "--min-change", "-3")
+    assert result.exit_code == 2 and "-3" in result.stderr
+
+
+def test_job_stat_keeps_each_quarantined_file_on_its_line(cli, fleet):
+    """A job names its result files: a newline (or tab) in a name must not print a line of the job's
+    choosing under `Quarantined result files`, such as another entry's file; U+202E shows escaped."""
+    from common.result_formats import ResultFormatError
+    from master.results.ingest import record_rejection, record_shard_quarantine
+
+    job = fleet.job()
+    hqe = HostQueueEntry.objects.get(job=job)
+    fake = "x.json\n  entry 999 (a1): ok.json: all good\t\u202e"
+    record_shard_quarantine(hqe, fake, "not sent: a symbolic link")
+    record_rejection(hqe, "b\nc.json", b"{", ResultFormatError("b\nc.json", "", "not valid JSON"))
+    out = ok(cli("job", "stat", str(job.id))).stdout
+    section = out.split("Quarantined result files:\n")[1].split("\n\n")[0].splitlines()
+    assert sorted(section) == [
+        f"  entry {hqe.id} (-): b\\nc.json: not valid JSON",
+        f"  entry {hqe.id} (-): x.json\\n  entry 999 (a1): ok.json: all good\\t\\u202e: not sent: a symbolic link",
+    ]
+    (shown_hqe,) = json.loads(ok(cli("job", "stat", str(job.id), "--json")).stdout)["hqes"]
+    shown = shown_hqe["quarantined"]
+    assert sorted(item["name"] for item in shown) == sorted([fake, "b\nc.json"])

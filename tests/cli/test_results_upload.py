@@ -20,7 +20,7 @@ from common.constants import MAX_RESULT_FILE_BYTES
 from master.models import TestRun
 from tests.cli.conftest import fails, ok
 from tests.master.results.test_formats import GB_SAMPLE, TF_SAMPLE
-from tests.support import ROOT, wait_until
+from tests.support import ROOT, assert_status, wait_until
 
 T0 = 1_700_000_000
 
@@ -123,7 +123,7 @@ def test_a_file_larger_than_the_master_takes_is_quarantined_without_an_upload(sp
     result = ok(upload(dead_server, "fs_any", spooldir))
     reason = f"huge.json: larger than {MAX_RESULT_FILE_BYTES} bytes: not uploaded"
     assert result.stdout.splitlines() == [
-        f"quarantined huge.json: {reason}",
+        f"quarantined huge.json: {reason.removeprefix('huge.json: ')}",  # the name once
         "0 uploaded, 1 quarantined, 0 kept, 0 skipped",
     ]
     assert listing(spooldir) == ["quarantine"]
@@ -157,6 +157,28 @@ def test_odd_file_names_are_shown_not_acted_on(spooldir, dead_server):
 def test_an_empty_directory_prints_nothing(spooldir, dead_server):
     assert ok(upload(dead_server, "fs_any", spooldir)).stdout == ""
     assert json.loads(ok(upload(dead_server, "fs_any", spooldir, "--json")).stdout) == []
+
+
+def test_an_empty_directory_on_a_terminal_says_it_looked(spooldir, dead_server):
+    """By hand, silence reads as a hang or a wrong directory; from cron (no terminal) it stays silent."""
+    env = {**os.environ, "FLEETSHARD_SERVER": dead_server, "FLEETSHARD_TOKEN": "fs_any"}
+    args = [sys.executable, "-m", "cli.main", "results", "upload", "--data-dir", str(spooldir), "--archive-dir",
+            str(spooldir.parent / "archive")]  # fmt: skip
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=follower, stderr=subprocess.PIPE)
+    os.close(follower)
+    screen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        screen += chunk
+    assert proc.wait(30) == 0
+    os.close(leader)
+    assert screen.decode().splitlines() == [f"No result files in {spooldir}."]
 
 
 def test_bad_directories_and_no_token_are_refused_before_any_file_moves(spooldir, dead_server):
@@ -303,7 +325,7 @@ def test_killed_between_upload_and_move_the_next_run_archives_without_a_duplicat
         headers={"Authorization": f"Bearer {server.token}", "Content-Type": "application/json"},
         timeout=30,
     )
-    assert answer.status_code == 201, answer.text
+    assert_status(answer, 201)
     result = json.loads(ok(upload(server.url, server.token, spooldir, "--json")).stdout)
     assert [(o["file"], o["status"], o["created"], o["run"]) for o in result] == [
         ("done.json", "uploaded", False, answer.json()["run"]["id"])
@@ -357,9 +379,10 @@ def test_a_malformed_file_goes_to_the_named_quarantine_dir_with_the_masters_reas
     (quarantine / "notjson.json").write_text("an earlier one")
     lines = ok(upload(server.url, server.token, spooldir, "--quarantine-dir", str(quarantine))).stdout.splitlines()
     bad_reason = (quarantine / "bad.json.error").read_text().rstrip("\n")
-    assert lines[0] == f"quarantined bad.json: {bad_reason}" and bad_reason.startswith("bad.json: ")
+    assert bad_reason.startswith("bad.json: ")  # the .error note keeps the master's words
+    assert lines[0] == f"quarantined bad.json: {bad_reason.removeprefix('bad.json: ')}"  # the name said once
     assert lines[1].startswith("uploaded good.json: run ")
-    assert lines[2].startswith("quarantined notjson.json: notjson.json: ")
+    assert lines[2].startswith("quarantined notjson.json: ") and "notjson.json: notjson.json" not in lines[2]
     [clash, clash_error] = [name for name in listing(quarantine) if name.startswith("notjson.2")]
     assert listing(quarantine) == sorted(["bad.json", "bad.json.error", "notjson.json", clash, clash_error])
     assert clash_error == clash + ".error" and clash.endswith(".json")
@@ -386,3 +409,11 @@ def test_an_archive_on_another_file_system_keeps_the_file_and_stops(server, spoo
     again = ok(upload(server.url, server.token, spooldir)).stdout.splitlines()
     assert again[0].endswith("already stored") and again[1].startswith(f"uploaded {names[1]}: ")
     assert listing(spooldir) == [] and TestRun.objects.count() == 2
+
+
+@live
+def test_one_entry_is_one_entry(server, spooldir):
+    doc = {"name": "one", "startTime": T0, "entries": {"entry": [{"name": "x", "wallTime": 1.0}]}}
+    put(spooldir, "one.json", doc)
+    line = ok(upload(server.url, server.token, spooldir)).stdout.splitlines()[0]
+    assert line.startswith("uploaded one.json: run ") and line.endswith(" (1 entry)")

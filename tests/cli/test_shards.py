@@ -10,6 +10,7 @@ from common.constants import PROTOCOL_VERSION
 from common.models import Host, Job, Label, Shard
 from tests.cli.conftest import fails, ok, run_process
 from tests.fleet_state import snapshot
+from tests.support import assert_status
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,7 +33,7 @@ def test_shard_create_prints_a_token_that_heartbeats(cli, server, fleet):
         "updates": [],
     }
     resp = requests.post(f"{server.url}/api/v1/heartbeat", json=body, headers={"Authorization": f"Bearer {token}"})
-    assert resp.status_code == 200
+    assert_status(resp, 200)
     assert [h["hostname"] for h in resp.json()["hosts"]] == ["c1"]
     assert ok(cli("shard", "list", "--json")).stdout.count('"online"') == 1
 
@@ -68,19 +69,25 @@ def test_shard_list(cli, fleet):
     assert shards[0]["hosts"] == ["a1", "a2", "a3"]
 
 
-def test_shard_add_boards_and_remove_board(cli, fleet):
-    assert ok(cli("shard", "add_boards", "-l", "board:c", "lab2")).stdout == (
-        "Added labels board:c to shard lab2 (labels: board:b, board:c; hosts: b1, c1); host c1 joined shard lab2\n"
+def test_shard_add_label_and_remove_label(cli, fleet):
+    assert ok(cli("shard", "add-label", "-l", "board:c", "lab2")).stdout == (
+        "Added label board:c to shard lab2 (labels: board:b, board:c; hosts: b1, c1); host c1 joined shard lab2\n"
     )
     assert Host.objects.get(hostname="c1").shard == fleet.lab2
-    obj = json.loads(ok(cli("shard", "remove_board", "-l", "board:b", "lab2", "--json")).stdout)
+    obj = json.loads(ok(cli("shard", "remove-label", "-l", "board:b", "lab2", "--json")).stdout)
     assert obj["labels"] == ["board:c"] and obj["hosts"] == ["c1"]
     assert obj["hosts_moved"] == [{"hostname": "b1", "from_shard": "lab2", "to_shard": None}]
     assert ok(cli("shard", "remove_board", "-l", "board:c", "lab2")).stdout == (
         "Removed label board:c from shard lab2 (labels: none; hosts: none); host c1 left shard lab2\n"
     )
     assert Host.objects.get(hostname="b1").shard is None
-    assert Label.objects.get(name="board:b").shard is None
+    assert Label.objects.get(name="board:b").shard is None  # the old name above (remove_board) still works
+    assert ok(cli("shard", "add_boards", "-l", "board:b,board:c", "lab2")).stdout.startswith(
+        "Added labels board:b, board:c to shard lab2"
+    )
+    shown = ok(cli("shard", "--help")).stdout
+    assert "add-label" in shown and "remove-label" in shown
+    assert "add_boards" not in shown and "remove_board" not in shown
 
 
 @pytest.mark.parametrize(
@@ -138,3 +145,20 @@ def test_shard_delete_unknown_changes_nothing(cli, fleet):
     before = snapshot()
     fails(cli("shard", "delete", "--no-confirmation", "lab1", "nosuch"), "Error: unknown shard nosuch")
     assert snapshot() == before
+
+
+def test_shard_stat_shows_what_discovery_found_and_what_the_master_refused(cli, fleet):
+    Shard.objects.filter(id=fleet.lab1.id).update(
+        discovered_generation=3,
+        discovered_count=2,
+        discovered_rejected=[{"hostname": "x2", "reason": "label board:b belongs to shard lab2, not lab1"}],
+        pools=[{"labels": ["pool:gpu"], "max_hosts": 6}],
+    )
+    out = ok(cli("shard", "stat", "lab1")).stdout
+    assert "Discovered:      2 hosts (generation 3)" in out
+    assert "Refused:         x2: label board:b belongs to shard lab2, not lab1" in out
+    assert "Pools:           pool:gpu (at most 6 hosts)" in out
+    data = json.loads(ok(cli("shard", "stat", "lab1", "--json")).stdout)
+    assert data["discovered_rejected"] == [
+        {"hostname": "x2", "reason": "label board:b belongs to shard lab2, not lab1"}
+    ]

@@ -6,9 +6,10 @@ import json
 import pytest
 from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace
 
-from master.timeline.validate import validate
+from common.models import Host
 from tests.cli.conftest import fails, ok
-from tests.master.timeline.factories import add_run, add_state
+from tests.master.timeline.factories import add_run, add_state, at
+from tests.master.timeline.validate import validate
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -17,6 +18,7 @@ SINCE = ("--since", "2026-11-23T00:00:00Z", "--until", "2026-11-23T01:00:00Z")
 
 @pytest.fixture
 def hour(fleet):
+    Host.objects.update(created_on=at(-86400))  # made now, their history is older: they existed then
     add_run("a1", 0, 600, created=0, name="ok")
     add_state("a1", "Repairing", 600, 900)
     return add_run("b1", 100, 200, created=40, name="other")

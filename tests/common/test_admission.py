@@ -7,6 +7,7 @@ import pytest
 from django.db import connection, connections
 
 from common import admission
+from tests.support import assert_status
 
 
 @pytest.fixture
@@ -52,7 +53,7 @@ def test_many_threads_work_two_at_a_time_on_the_two_connections_the_slots_lend(t
 
 def test_a_request_through_the_middleware_works_in_a_slot(two_slots, client):
     resp = client.get("/api/v1/heartbeat/wait", {"timeout": "0"})
-    assert resp.status_code == 401  # a waiting path: the view takes its slot itself
+    assert_status(resp, 401)
     assert client.get("/metrics").status_code in (401, 403)
     assert admission._slots is not None and admission._slots.qsize() == 2
 
@@ -73,3 +74,70 @@ def test_what_a_streamed_response_opens_after_its_slot_closes_with_it(two_slots)
     thread.start()
     thread.join(10)
     assert opened == [True, False]
+
+
+# common/admission.py lends connections between threads through parts of django.db that are not public
+# API: BaseDatabaseWrapper.inc_thread_sharing, and assigning / deleting connections[alias] (the
+# handler's thread-local). These tests fail, loudly, on a Django where those parts change; the Django pin
+# in pyproject.toml says to run them before an upgrade.
+LENDING_CHECKED_ON = "5.2.19"
+
+
+def test_django_is_the_version_whose_private_connection_parts_were_checked():
+    import tomllib
+
+    import django
+
+    from tests.support import ROOT
+
+    pins = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert f"Django=={LENDING_CHECKED_ON}" in pins
+    assert django.__version__ == LENDING_CHECKED_ON, (
+        f"Django {django.__version__}: check that common/admission.py's connection lending still works "
+        f"(the tests below), then set LENDING_CHECKED_ON"
+    )
+
+
+def test_a_lent_connection_works_in_another_thread_and_only_there(transactional_db):
+    """The private parts admission relies on, as it uses them: a connection made in one thread and
+    marked shared is used by another after `connections[alias] = wrapper`, is that thread's
+    `connection` only, and goes from it with `del connections[alias]`."""
+    from django.db import DatabaseError
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    for name in ("inc_thread_sharing", "dec_thread_sharing", "validate_thread_sharing", "allow_thread_sharing"):
+        assert hasattr(BaseDatabaseWrapper, name), f"django.db lost BaseDatabaseWrapper.{name}"
+    wrapper = connections.create_connection("default")
+    outcome: dict[str, object] = {}
+
+    def unshared() -> None:
+        try:
+            wrapper.validate_thread_sharing()
+        except DatabaseError:
+            outcome["refused"] = True
+
+    thread = threading.Thread(target=unshared)
+    thread.start()
+    thread.join()
+    assert outcome.get("refused"), "a connection not marked shared must be refused in another thread"
+    wrapper.inc_thread_sharing()
+    try:
+
+        def borrower() -> None:
+            connections["default"] = wrapper
+            try:
+                outcome["same"] = connections["default"] is wrapper and connection.connection is wrapper.connection
+                with connection.cursor() as cur:
+                    cur.execute("SELECT 1")
+                    outcome["row"] = cur.fetchone()
+            finally:
+                del connections["default"]
+            outcome["gone"] = connections["default"] is not wrapper
+
+        thread = threading.Thread(target=borrower)
+        thread.start()
+        thread.join()
+        assert outcome == {"refused": True, "same": True, "row": (1,), "gone": True}
+        assert connections["default"] is not wrapper, "the lending thread's own connection must be untouched"
+    finally:
+        wrapper.close()

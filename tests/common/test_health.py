@@ -8,20 +8,21 @@ from django.db import connection
 from django.db.migrations.loader import MigrationLoader
 from django.db.migrations.recorder import MigrationRecorder
 
-from tests.support import Role, free_port, stop, wait_until
+from tests.support import Role, assert_status, free_port, stop, wait_until
 
 
 @pytest.mark.django_db
 def test_healthz_answers_without_a_token(client):
     resp = client.get("/healthz")
-    assert resp.status_code == 200 and resp.json() == {"status": "ok"}
+    assert_status(resp, 200)
+    assert resp.json() == {"status": "ok"}
     assert "no-cache" in resp["Cache-Control"]
 
 
 @pytest.mark.django_db
 def test_readyz_is_ready_on_a_migrated_database(client):
     resp = client.get("/readyz")
-    assert resp.status_code == 200
+    assert_status(resp, 200)
     assert resp.json() == {"status": "ready", "database": "ok", "migrations": "ok"}
 
 
@@ -30,21 +31,21 @@ def test_readyz_is_not_ready_while_a_migration_is_pending(client):
     leaf = next(node for node in MigrationLoader(connection).graph.leaf_nodes() if node[0] == "master")
     MigrationRecorder.Migration.objects.filter(app=leaf[0], name=leaf[1]).delete()
     resp = client.get("/readyz")
-    assert resp.status_code == 503
+    assert_status(resp, 503)
     assert resp.json()["status"] == "not ready" and resp.json()["migrations"].endswith("pending")
 
 
 @pytest.mark.django_db
 def test_probes_refuse_anything_but_get(client):
-    assert client.post("/healthz").status_code == 405
-    assert client.post("/readyz").status_code == 405
+    assert_status(client.post("/healthz"), 405)
+    assert_status(client.post("/readyz"), 405)
 
 
 @pytest.mark.django_db
-@pytest.mark.urls("shard.urls")
+@pytest.mark.urls("server.urls.shard")
 def test_the_shards_own_admin_has_the_probes_too(client):
-    assert client.get("/healthz").status_code == 200
-    assert client.get("/readyz").status_code == 200
+    assert_status(client.get("/healthz"), 200)
+    assert_status(client.get("/readyz"), 200)
 
 
 def test_readyz_says_unreachable_and_leaks_nothing_when_the_database_is_gone(tmp_path):
@@ -64,9 +65,9 @@ def test_readyz_says_unreachable_and_leaks_nothing_when_the_database_is_gone(tmp
             return None
 
     try:
-        assert wait_until(healthz, timeout=60, what="the master to serve").status_code == 200
+        assert_status(wait_until(healthz, timeout=60, what="the master to serve"), 200)
         resp = requests.get(base + "/readyz", timeout=30)
-        assert resp.status_code == 503
+        assert_status(resp, 503)
         assert resp.json() == {"status": "not ready", "database": "unreachable", "migrations": "unknown"}
         body = json.dumps(resp.json())
         assert secret not in body and str(dead) not in body and "fleetdb" not in body

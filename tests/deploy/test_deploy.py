@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.support import ROOT, drop_database, free_port, fresh_database_url, stop, wait_until
+from tests.support import ROOT, assert_status, drop_database, free_port, fresh_database_url, stop, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -56,7 +56,7 @@ class Unit:
         assert env_file.parent == Path("/etc/fleetshard"), env_file
         env |= read_env(DEPLOY / "env" / env_file.name)
         base = {k: v for k, v in os.environ.items() if not k.startswith(("FLEETSHARD_", "DJANGO_"))}
-        # Each test session's runs live in its own cgroup (common/settings/test.py).
+        # Each test session's runs live in its own cgroup (server/settings/test.py).
         base["FLEETSHARD_CGROUP_NAME"] = os.environ.get("FLEETSHARD_CGROUP_NAME", "fleetshard-test")
         return base | env | overrides
 
@@ -121,9 +121,9 @@ def longest_shard_stop(env: dict[str, str]) -> float:
     """The longest a draining run_shard takes after SIGTERM (shard/process.py): the drain, the abort
     grace and the kill, recording the ends, the heartbeat and uploads in flight, the last heartbeats."""
     from shard.process import FINAL_HEARTBEATS, RECORD_GRACE_S
-    from shard.tracking import KILL_WAIT_S
+    from shard.run.tracking import KILL_WAIT_S
 
-    request = 5.0 + float(env["FLEETSHARD_REQUEST_TIMEOUT_S"])  # connect + read (shard/client.py)
+    request = 5.0 + float(env["FLEETSHARD_REQUEST_TIMEOUT_S"])  # connect + read (shard/sync/client.py)
     return (
         float(env["FLEETSHARD_DRAIN_S"])
         + float(env["FLEETSHARD_ABORT_GRACE_S"])
@@ -297,7 +297,8 @@ def test_each_units_command_runs_with_its_env_file_behind_nginx(tmp_path):
 
         wait_until(ready, timeout=60, what="the master behind nginx")
         login = requests.get(base + "/admin/login/", timeout=5, verify=str(cert))
-        assert login.status_code == 200 and "Secure" in login.headers["Set-Cookie"]
+        assert_status(login, 200)
+        assert "Secure" in login.headers["Set-Cookie"]
         assert "max-age=31536000" in login.headers["Strict-Transport-Security"]
 
         cli = {**menv, "FLEETSHARD_SERVER": base, "FLEETSHARD_TOKEN": token, "REQUESTS_CA_BUNDLE": str(cert)}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shard.tracking import proc_stat
+from shard.run.tracking import proc_stat
 from tests.support import ROOT
 
 pytestmark = pytest.mark.e2e
@@ -64,5 +64,10 @@ def test_demo_runs_to_its_summary_and_stops_everything(tmp_path):
     assert any("pixel7-0" in line and "lab1.demo" in line for line in lines)
     assert any("tab-0" in line and "lab2.demo" in line for line in lines)
     assert "Admin UI:  http://127.0.0.1:" in out
+    # The benchmark job filled the chart: the summary points at it, and the master has the step.
+    (chart,) = [line.split()[1] for line in out.splitlines() if line.startswith("Benchmark: ")]
+    assert chart.startswith("http://127.0.0.1:") and chart.endswith(
+        "/admin/benchmarks/chart/?test=frame_render&entry=BM_render_frame"
+    )
     assert out.rstrip().endswith("stopped.")
     assert processes_mentioning(str(data_dir)) == []

@@ -20,10 +20,10 @@ from tests.e2e.elastic import (
     submit_jobs,
     worker_pids,
 )
-from tests.shard.fleet import master_hqes
+from tests.shard.fleet import in_list, master_hqes, sql, submit
 from tests.support import stop, wait_until
 
-RESULT = 'mkdir "$FLEETSHARD_RESULTS_DIR/results" && echo "{}" > "$FLEETSHARD_RESULTS_DIR/results/r.json"'
+RESULT = 'echo "{}" > "$FLEETSHARD_RESULTS_DIR/results/r.json"'  # results/ is made for the job
 
 pytestmark = [
     pytest.mark.e2e,
@@ -85,3 +85,40 @@ def test_a_second_manager_of_the_same_pool_waits_until_the_first_is_gone(master_
     finally:
         codes = [stop(m) for m in managers]
     assert codes[2 - first] == 0
+
+
+INTERVAL_S = 20.0
+
+
+@pytest.mark.parametrize("own_master", [{"FLEETSHARD_HEARTBEAT_INTERVAL_S": f"{INTERVAL_S:g}"}], indirect=True)
+def test_a_workers_run_end_reaches_the_master_well_within_the_heartbeat_interval(own_master, tmp_path):
+    """Workers do not hold the heartbeat (the manager does): a run's end they write to the outbox
+    NOTIFYs the holder, which heartbeats at once instead of at its next 20 s interval."""
+    shard = elastic_shard(own_master, tmp_path)
+    role = shard.process.role
+    manager = role.start(*manager_args(shard, "local"), log_name="manager.log")
+    try:
+        wait_until(
+            lambda: role.data_dir.joinpath("manager.log").read_text().count("runs the shard's heartbeat"),
+            what="the manager to hold the shard's heartbeat",
+        )
+        jobs = submit(
+            own_master, [{"name": f"p{n}", "command": "sleep 1", "meta_hosts": [[shard.label, 1]]} for n in range(3)]
+        )
+        seen: dict[int, float] = {}
+        deadline = time.monotonic() + 90
+        while len(seen) < len(jobs) and time.monotonic() < deadline:
+            for hqe, status, finished_on in sql(
+                own_master.role.database_url,
+                f"SELECT id, status, finished_on FROM common_hostqueueentry WHERE job_id IN {in_list(jobs)}",
+            ):
+                if status == "Completed" and hqe not in seen:
+                    seen[hqe] = time.time() - finished_on.timestamp()
+            time.sleep(0.1)
+        assert len(seen) == len(jobs), seen
+        assert max(seen.values()) < 3.0, f"run ends reached the master {sorted(seen.values())} s after they ended"
+        workers = {row[0].split(":")[1] for row in sql(shard.url, "SELECT runner FROM shard_run")}
+        assert str(manager.pid) not in workers, "the manager ran a job: no worker's end was measured"
+    finally:
+        stop(manager)
+        kill_workers(shard.process.hostname)

@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from tests.shard.fleet import new_shard, sql, submit
-from tests.support import ROOT, Master, serve, stop, wait_until
+from tests.support import ROOT, Master, assert_status, serve, stop, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -35,7 +35,7 @@ def cli_env(master: Master, token: str) -> dict[str, str]:
 
 def read_log(master: Master, token: str, job: int) -> dict:
     resp = requests.get(f"{master.url}/api/v1/jobs/{job}/log", headers={"Authorization": f"Bearer {token}"}, timeout=30)
-    assert resp.status_code == 200, resp.text
+    assert_status(resp, 200)
     return resp.json()
 
 

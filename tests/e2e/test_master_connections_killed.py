@@ -9,7 +9,7 @@ import psycopg2
 import pytest
 import requests
 
-from tests.support import make_world, using_postgres
+from tests.support import assert_status, make_world, using_postgres
 
 pytestmark = [
     pytest.mark.e2e,
@@ -44,7 +44,7 @@ def test_a_served_master_whose_connections_were_killed_answers_the_next_heartbea
     def heartbeat(**extra):
         body = {"protocol": 1, "shard": world["shard"], "instance": instance, **extra}
         resp = session.post(f"{own_master.url}/api/v1/heartbeat", json=body, timeout=30)
-        assert resp.status_code == 200, resp.text
+        assert_status(resp, 200)
         return resp.json()
 
     first = heartbeat()

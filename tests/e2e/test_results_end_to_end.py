@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from tests.shard.fleet import master_hqes, new_shard, sql, submit, writable_by_jobs
-from tests.support import ROOT, wait_until
+from tests.support import ROOT, assert_status, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -62,8 +62,10 @@ def test_a_jobs_results_reach_the_master_and_a_malformed_file_is_quarantined(mas
         (source / name).chmod(0o644)
     source.chmod(0o755)
     command = (
-        f'mkdir "$FLEETSHARD_RESULTS_DIR/results" && cp {source}/*.json "$FLEETSHARD_RESULTS_DIR/results/"'
+        # results/ is there before the job starts (no mkdir); a file one level up is not a result, and says so.
+        f'cp {source}/*.json "$FLEETSHARD_RESULTS_DIR/results/"'
         ' && ln -s /etc/hostname "$FLEETSHARD_RESULTS_DIR/results/link.json"'
+        f' && cp {source}/gbench.json "$FLEETSHARD_RESULTS_DIR/stray.json"'
     )
     (job,) = submit(master_server, [{"name": "bench", "command": command, "meta_hosts": [[shard.label, 1]]}])
     token = master_server.shell(
@@ -91,11 +93,15 @@ def test_a_jobs_results_reach_the_master_and_a_malformed_file_is_quarantined(mas
     ((hqe,),) = [stat["hqes"]]
     assert hqe["host"] == hostname
     quarantined = {q["name"]: q["reason"] for q in hqe["quarantined"]}
-    assert sorted(quarantined) == ["broken.json", "link.json"]
+    assert sorted(quarantined) == ["broken.json", "link.json", "stray.json"]
+    assert quarantined["stray.json"] == (
+        "not stored: it is beside results/, not in it (write $FLEETSHARD_RESULTS_DIR/results/stray.json)"
+    )
     reason = quarantined["broken.json"]
     assert "broken.json" in reason and quarantined["link.json"] == "not sent: a symbolic link"
     assert "Quarantined result files:\n" in shown
-    assert f"  entry {hqe['id']} ({hostname}): broken.json: {reason}" in shown
+    assert reason.startswith("broken.json: ")  # the name once on stat, not twice
+    assert f"  entry {hqe['id']} ({hostname}): broken.json: {reason.removeprefix('broken.json: ')}\n" in shown
     assert f"  entry {hqe['id']} ({hostname}): link.json: not sent: a symbolic link" in shown
     query = (
         f"SELECT r.results_dir FROM shard_run r JOIN common_hostqueueentry q ON q.id = r.hqe_id WHERE q.job_id={job}"
@@ -131,7 +137,7 @@ def test_the_served_masters_detector_raises_a_regression_after_uploads_through_t
             "entries": {"entry": [{"name": "e", "wallTime": wall}]},
         }
         resp = session.post(f"{master_server.url}/api/v1/results/upload", params={"name": f"{i}.json"}, json=doc)
-        assert resp.status_code == 201, resp.text
+        assert_status(resp, 201)
 
     def raised() -> list:
         return cli(master_server, token, "results", "regressions", "--test", test)

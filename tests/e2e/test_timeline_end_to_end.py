@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import main
-from master.timeline.validate import validate
+from tests.master.timeline.validate import validate
 from tests.shard.fleet import ACTIVE, master_hqes, new_shard, sql, submit
 from tests.support import wait_until
 

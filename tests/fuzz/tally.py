@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 # the short defaults, derandomised; `make fuzz` raises both and randomises.
 HEARTBEAT_CASES = int(os.environ.get("FLEETSHARD_FUZZ_CASES", "300"))
 REST_CASES_PER_OPERATION = int(os.environ.get("FLEETSHARD_FUZZ_REST_CASES", "10"))
+# Hostile result files, job traces and log chunks sent through a real shard's uploader.
+UPLOAD_CASES = int(os.environ.get("FLEETSHARD_FUZZ_UPLOAD_CASES", "24"))
 DERANDOMIZE = os.environ.get("FLEETSHARD_FUZZ_RANDOM", "") != "1"
 MAX_SHOWN_FAILURES = 5
 
@@ -46,10 +48,11 @@ class Tally:
 
 HEARTBEAT = Tally("heartbeat")
 REST = Tally("rest")
+UPLOADS = Tally("uploads")
 
 
 def details() -> list[str]:
-    return [t.spread() for t in (HEARTBEAT, REST) if t.cases]
+    return [t.spread() for t in (HEARTBEAT, REST, UPLOADS) if t.cases]
 
 
 def summary() -> str | None:
@@ -59,4 +62,6 @@ def summary() -> str | None:
         parts.append(f"heartbeat {HEARTBEAT.cases} cases, {HEARTBEAT.failed} failures")
     if REST.cases:
         parts.append(f"rest {REST.cases} cases over {len(REST.operations)} operations, {REST.failed} failures")
+    if UPLOADS.cases:
+        parts.append(f"uploads {UPLOADS.cases} records, {UPLOADS.failed} failures")
     return "fuzz: " + "; ".join(parts) if parts else None

@@ -9,6 +9,7 @@ from master import services
 from tests.conftest import Fleet, Heartbeat
 from tests.fuzz.checksum import database_checksum
 from tests.master.api.conftest import client_for
+from tests.support import assert_status
 
 
 @pytest.mark.parametrize("key", ["known_hosts", "known_jobs"])
@@ -27,7 +28,7 @@ def test_a_host_or_job_listed_twice_is_a_400_that_changes_nothing(fleet: Fleet, 
     }
     before = database_checksum()
     resp = heartbeat.post_raw(json.dumps(heartbeat.body(fleet.lab1, **{key: entries[key]})), fleet.token1)
-    assert resp.status_code == 400
+    assert_status(resp, 400)
     assert resp.json()["detail"]["field"] == f"{key}[1].id"
     assert "listed twice" in resp.json()["error"]
     assert database_checksum() == before
@@ -41,7 +42,7 @@ def test_a_priority_out_of_range_or_not_in_ascii_digits_is_a_400(fleet: Fleet, p
     """Found by probing what the REST fuzzing's generator rarely draws (integers spelt with '_'): int()
     takes '1_0' and '٣', and '99999_99999_...' went to the database as is, a 500 (SQLite: "Python int
     too large"; PostgreSQL: "integer out of range"); '²' and 5000 nines made the serializer's int() raise,
-    a 500. master/services.py and master/api/serializers.py (input rules, another branch)."""
+    a 500. master/services/ and master/api/serializers.py (input rules, another branch)."""
     staff = client_for(services.create_personal_token("boss", admin=True, acting_user=None)[1])
     before = database_checksum()
     resp = staff.post(
@@ -49,7 +50,7 @@ def test_a_priority_out_of_range_or_not_in_ascii_digits_is_a_400(fleet: Fleet, p
         {"name": "x", "command": "true", "meta_hosts": ["board:a"], "priority": priority},
         format="json",
     )
-    assert resp.status_code == 400, resp.content
+    assert_status(resp, 400)
     assert "priority" in json.dumps(resp.json())
     assert database_checksum() == before
 
@@ -58,11 +59,11 @@ def test_a_priority_out_of_range_or_not_in_ascii_digits_is_a_400(fleet: Fleet, p
 def test_a_meta_host_count_too_large_or_not_in_ascii_digits_is_a_400(fleet: Fleet, meta_host: str) -> None:
     """Found by probing the job-create bodies of the REST fuzzing: `board:a*100000` made a job of 100,000
     HQEs (90 s of inserts for one request; 290 nines would never end), and '1_0' or '٣' were counts.
-    master/services.py (input rules, another branch: max HQEs per job, counts in digits only)."""
+    master/services/ (input rules, another branch: max HQEs per job, counts in digits only)."""
     staff = client_for(services.create_personal_token("boss", admin=True, acting_user=None)[1])
     before = database_checksum()
     resp = staff.post("/api/v1/jobs/", {"name": "x", "command": "true", "meta_hosts": [meta_host]}, format="json")
-    assert resp.status_code == 400, resp.content
+    assert_status(resp, 400)
     assert resp.json()["detail"]["field"] == "meta_hosts"
     assert database_checksum() == before
 
@@ -73,4 +74,4 @@ def test_a_job_id_in_other_digits_is_a_404(fleet: Fleet, method: str, path: str)
     raises, so the id '³' was a 500. master/api/views.py (JobViewSet.get_object; REST, another branch)."""
     staff = client_for(services.create_personal_token("boss", admin=True, acting_user=None)[1])
     resp = getattr(staff, method)(path)
-    assert resp.status_code == 404, resp.content
+    assert_status(resp, 404)

@@ -176,6 +176,12 @@ TYPICAL: list[tuple[str, str, Any]] = [
     ("POST", "/api/v1/shards/lab3.example.com/remove_label/", {"label": "pool:x"}),
     ("DELETE", "/api/v1/shards/lab3.example.com/", None),
     ("GET", "/api/v1/shards/", None),
+    (
+        "POST",
+        "/api/v1/notifications/",
+        {"url": "https://hooks.example.org/fleet", "events": ["job.ended", "regression.new"], "label": "board:x"},
+    ),
+    ("GET", "/api/v1/notifications/", None),
 ]
 
 

@@ -1,5 +1,6 @@
 """The master's admin: pages, actions through the services, add pages, tokens, read-only objects."""
 
+import json
 import re
 from typing import Any
 
@@ -11,8 +12,11 @@ from django.test import Client
 
 from common.models import Host, Job, Label, Shard
 from master import services
+from master.access.credentials import digest_of, find_token
 from master.models import AuditRecord, Token
-from master.tokens import digest_of, find_token
+from master.results.ingest import store_result_file
+from tests.master.results.test_formats import TF_SAMPLE
+from tests.support import assert_status
 
 
 def host(name: str) -> Host:
@@ -37,7 +41,7 @@ def run_action(client: Client, model: str, action: str, ids: list[int], **fields
     assert "fs-action-form" in first.content.decode(), first.content.decode()[:2000]
     form = {**data, "fs_apply": "yes", **{f"fs-{k}": v for k, v in fields.items()}}
     resp = client.post(url(model), form, follow=True)
-    assert resp.status_code == 200
+    assert_status(resp, 200)
     return resp
 
 
@@ -53,9 +57,9 @@ def staff(db: None) -> Client:
 def test_changelists_and_add_pages_render(fleet, staff, model):
     fleet.job()
     resp = staff.get(url(model))
-    assert resp.status_code == 200
+    assert_status(resp, 200)
     resp = staff.get(url(model, "add"))
-    assert resp.status_code == (403 if model == "job" else 200)
+    assert resp.status_code == 200
 
 
 def test_host_list_shows_status_badges_labels_and_filters(fleet, staff):
@@ -89,7 +93,7 @@ def test_job_page_shows_hqes_inline_read_only(fleet, staff):
     page = staff.get(url("job", f"{job.id}/change")).content.decode()
     assert page.count("Queued</span>") >= 2
     assert 'name="_save"' not in page and "hqes-TOTAL_FORMS" in page
-    assert staff.post(url("job", f"{job.id}/change"), {"name": "renamed"}).status_code == 403
+    assert_status(staff.post(url("job", f"{job.id}/change"), {"name": "renamed"}), 403)
     assert Job.objects.get(id=job.id).name == "smoke"
 
 
@@ -97,15 +101,15 @@ def test_object_pages_are_read_only(fleet, staff):
     page = staff.get(url("host", f"{host('a1').id}/change")).content.decode()
     form = page.split('id="content-main"')[1].split("</form>")[0]
     assert 'name="_save"' not in page and not re.search(r'<(input(?! type="hidden")|select|textarea)', form)
-    assert staff.post(url("host", f"{host('a1').id}/change"), {"locked": "on"}).status_code == 403
+    assert_status(staff.post(url("host", f"{host('a1').id}/change"), {"locked": "on"}), 403)
     assert not host("a1").locked
-    assert staff.get(url("host", f"{host('a1').id}/delete")).status_code == 403
+    assert_status(staff.get(url("host", f"{host('a1').id}/delete")), 403)
 
 
 def test_lock_action_asks_for_a_reason_and_locks_through_the_service(fleet, staff):
     v1, v2 = host("a1").version, host("b1").version
     first = staff.post(url("host"), {"action": "lock_hosts", ACTION_CHECKBOX_NAME: [host("a1").id, host("b1").id]})
-    assert first.status_code == 200
+    assert_status(first, 200)
     page = first.content.decode()
     assert 'name="fs-reason"' in page and "a1" in page and "b1" in page
     assert not host("a1").locked
@@ -167,6 +171,46 @@ def test_abort_action_aborts_through_the_service_and_refuses_finished_jobs(fleet
     assert messages_of(resp) == [f"job {job.id} (Aborted) already finished"]
 
 
+def test_a_job_is_submitted_from_the_admin_with_the_command_lines_syntax(fleet, staff):
+    form = {
+        "name": "from-admin",
+        "command": "echo hi",
+        "meta_hosts": "board:a*2",
+        "hosts": "",
+        "dependency_labels": ["wifi"],
+        "priority": "high",
+        "timeout_mins": "60",
+        "max_runtime_mins": "10",
+        "keyvals": "build=7\n",
+    }
+    resp = staff.post(url("job", "add"), form)
+    job = Job.objects.get(name="from-admin")
+    assert resp.status_code == 302 and resp.url == f"/admin/common/job/{job.id}/change/"
+    assert (job.owner, job.priority, job.keyvals, job.shard.hostname) == ("op", 70, {"build": "7"}, "lab1")
+    assert sorted(h.meta_host.name for h in job.hqes.all()) == ["board:a", "board:a"]
+    assert AuditRecord.objects.filter(action="job.create", user__username="op").exists()
+    bad = staff.post(url("job", "add"), {**form, "name": "bad", "meta_hosts": "board:a*x"})
+    assert bad.status_code == 200 and "invalid meta-host" in bad.content.decode()
+    assert not Job.objects.filter(name="bad").exists()
+
+
+def test_the_rerun_action_makes_a_new_job_of_the_same_spec(fleet, staff):
+    job = fleet.job("nightly")
+    resp = run_action(staff, "job", "rerun_job", [job.id])
+    again = Job.objects.exclude(id=job.id).get()
+    assert messages_of(resp) == [f"created job {again.id}, a rerun of job {job.id}"]
+    assert (again.name, again.rerun_of_id, again.owner) == ("nightly", job.id, "op")
+
+
+def test_the_job_page_links_its_results_to_the_chart(fleet, staff):
+    job = fleet.job()
+    hqe = job.hqes.get()
+    store_result_file(json.dumps(TF_SAMPLE).encode(), "r.json", hqe=hqe, acting_user=None)
+    page = staff.get(f"/admin/common/job/{job.id}/change/").content.decode()
+    assert '<a href="/admin/benchmarks/entries/?test=adjust_contrast_benchmark">adjust_contrast_benchmark</a>' in page
+    assert "(1 run, 2 entries)" in page
+
+
 def test_delete_actions_go_through_the_services(fleet, staff):
     job = fleet.job(meta_hosts=[], hosts=["a1"])
     by_label = fleet.job()
@@ -198,7 +242,7 @@ def test_add_host_goes_through_the_service_and_shows_its_errors(fleet, staff):
     n1 = host("n1")
     assert n1.shard == fleet.lab2 and n1.attributes == {"serial": "X1"} and n1.locked and n1.lock_reason == "new"
     resp = staff.post(url("host", "add"), {"hostnames": "n3", "labels": ["board:a", "board:b"]})
-    assert resp.status_code == 200
+    assert_status(resp, 200)
     assert "host n3 would have labels of two shards" in resp.content.decode()
     assert not Host.objects.filter(hostname="n3").exists()
     resp = staff.post(url("host", "add"), {"hostnames": "n4", "attributes": "no-equals-sign"})
@@ -223,7 +267,8 @@ def test_label_list_shows_ready_of_total(fleet, staff, heartbeat):
 def test_create_shard_shows_its_token_once_and_stores_only_a_digest(db, staff, heartbeat):
     services.create_labels(["board:z"], acting_user=None)
     resp = staff.post(url("shard", "add"), {"hostname": "lab9", "labels": ["board:z"]})
-    assert resp.status_code == 200 and "no-store" in resp["Cache-Control"]
+    assert_status(resp, 200)
+    assert "no-store" in resp["Cache-Control"]
     raw = re.search(r'<code id="fs-token"[^>]*>([^<]+)</code>', resp.content.decode()).group(1)
     shard = Shard.objects.get(hostname="lab9")
     token = Token.objects.get(shard=shard)
@@ -278,10 +323,10 @@ def test_staff_without_superuser_only_create_their_own_plain_tokens(fleet):
 def test_admin_needs_staff(fleet):
     User.objects.create_user("plain", password="pw")
     client = Client()
-    assert client.get(url("host")).status_code == 302
+    assert_status(client.get(url("host")), 302)
     client.login(username="plain", password="pw")
-    assert client.get(url("host")).status_code == 302
-    assert client.get("/admin/fleet/").status_code == 302
+    assert_status(client.get(url("host")), 302)
+    assert_status(client.get("/admin/fleet/"), 302)
 
 
 def test_an_admin_action_records_the_admin_user(fleet, staff):
@@ -333,9 +378,9 @@ def test_the_audit_trail_is_read_only_in_the_admin(fleet, staff):
     entry = AuditRecord.objects.order_by("-id").first()
     page = staff.get("/admin/master/auditrecord/").content.decode()
     assert "host.lock" in page and "host a1" in page
-    assert staff.get(f"/admin/master/auditrecord/{entry.id}/change/").status_code == 200
-    assert staff.post(f"/admin/master/auditrecord/{entry.id}/delete/", {"post": "yes"}).status_code == 403
-    assert staff.get("/admin/master/auditrecord/add/").status_code == 403
+    assert_status(staff.get(f"/admin/master/auditrecord/{entry.id}/change/"), 200)
+    assert_status(staff.post(f"/admin/master/auditrecord/{entry.id}/delete/", {"post": "yes"}), 403)
+    assert_status(staff.get("/admin/master/auditrecord/add/"), 403)
     assert AuditRecord.objects.filter(id=entry.id).exists()
 
 
@@ -350,8 +395,8 @@ def test_view_only_staff_sees_no_actions_and_cannot_run_them(fleet):
     assert 'name="action"' not in page and 'href="/admin/common/host/add/"' not in page
     client.post(url("host"), {"action": "lock_hosts", ACTION_CHECKBOX_NAME: [host("a1").id], "fs_apply": "yes"})
     assert not host("a1").locked
-    assert client.get(url("host", "add")).status_code == 403
-    assert client.get("/admin/fleet/").status_code == 200
+    assert_status(client.get(url("host", "add")), 403)
+    assert_status(client.get("/admin/fleet/"), 200)
 
 
 def test_adding_a_shard_shows_its_token_so_it_needs_change_shard_too(fleet):
@@ -361,8 +406,8 @@ def test_adding_a_shard_shows_its_token_so_it_needs_change_shard_too(fleet):
     adder.user_permissions.set(Permission.objects.filter(codename__in=["add_shard", "view_shard"]))
     client = Client()
     client.force_login(adder)
-    assert client.get(url("shard", "add")).status_code == 403
-    assert client.post(url("shard", "add"), {"hostname": "lab9"}).status_code == 403
+    assert_status(client.get(url("shard", "add")), 403)
+    assert_status(client.post(url("shard", "add"), {"hostname": "lab9"}), 403)
     assert not Shard.objects.filter(hostname="lab9").exists()
     adder.user_permissions.add(Permission.objects.get(codename="change_shard"))
     client.force_login(User.objects.get(username="adder"))

@@ -5,9 +5,10 @@ import sys
 
 import pytest
 from django.core.management import call_command
+from django.core.management.base import CommandError
 
+from master.access.credentials import digest_of, find_token
 from master.models import AuditRecord, Token
-from master.tokens import digest_of, find_token
 from tests.support import ROOT, Role, free_port, wait_until
 
 
@@ -30,6 +31,29 @@ def test_create_token_is_recorded_as_the_systems_change(db, capsys):
     assert (entry.actor, entry.user, entry.action) == ("system", None, "token.create")
     assert [(t.kind, t.name) for t in entry.targets.all()] == [("token", Token.objects.get().prefix), ("user", "ana")]
     assert entry.details == {"description": "personal token of ana", "user_created": True, "made_admin": True}
+
+
+def test_set_password_lets_a_token_user_log_into_the_admin(db, capsys, monkeypatch, client):
+    call_command("create_token", "ana", "--admin")
+    monkeypatch.setenv("FLEETSHARD_PASSWORD", "a long walkthrough passphrase")
+    call_command("set_password", "ana")
+    assert capsys.readouterr().out.endswith("Password set for ana: log in to the admin (/admin/) with it.\n")
+    assert client.login(username="ana", password="a long walkthrough passphrase")
+    assert client.get("/admin/").status_code == 200
+    entry = AuditRecord.objects.order_by("-id").first()
+    assert (entry.actor, entry.action, [t.name for t in entry.targets.all()]) == (
+        "system",
+        "user.set_password",
+        ["ana"],
+    )
+    assert "passphrase" not in str(entry.details)
+
+
+def test_set_password_of_an_unknown_user_changes_nothing(db, monkeypatch):
+    monkeypatch.setenv("FLEETSHARD_PASSWORD", "whatever")
+    with pytest.raises(CommandError, match="unknown user 'nobody': `manage.py create_token nobody --admin` makes one"):
+        call_command("set_password", "nobody")
+    assert not AuditRecord.objects.exists()
 
 
 def test_serve_warns_loudly_once_without_a_secret_key(tmp_path):
@@ -73,3 +97,23 @@ def test_serve_refuses_a_pool_it_cannot_run(db, option, value):
 
     with pytest.raises(CommandError, match=f"{option} must be at least"):
         call_command("serve", option, value)
+
+
+@pytest.mark.parametrize(
+    "username, password, message",
+    [
+        ("ana\udcff", "a long walkthrough passphrase", r"invalid username 'ana\\udcff'"),
+        ("ana\x00", "a long walkthrough passphrase", "invalid username"),
+        ("ana", "a long \udcff passphrase", "valid UTF-8"),
+        ("ana", "   ", "not only spaces"),
+    ],
+)
+def test_set_password_refuses_bytes_it_cannot_store_and_blank_passwords(db, monkeypatch, username, password, message):
+    """A name or password from a terminal that is not UTF-8 (surrogates) or with a NUL was a traceback
+    (UnicodeEncodeError, or PostgreSQL's NUL error); three spaces was a password."""
+    call_command("create_token", "ana", "--admin")
+    before = AuditRecord.objects.count()
+    monkeypatch.setenv("FLEETSHARD_PASSWORD", password)
+    with pytest.raises(CommandError, match=message):
+        call_command("set_password", username)
+    assert AuditRecord.objects.count() == before

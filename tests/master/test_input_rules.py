@@ -12,9 +12,10 @@ from common.errors import FleetshardError, NotFound, Refused
 from common.models import Host, HostQueueEntry, Job, Label, Shard
 from common.syntax import parse_meta_hosts, parse_priority
 from master import services
+from master.access.credentials import touch
 from master.models import Token
-from master.tokens import touch
 from tests.fleet_state import snapshot
+from tests.support import assert_status
 
 NAME_RULE = "use letters, digits and . - _ : @ + = (no '..', not starting with '.', at most 255 characters)"
 BAD_NAMES = [
@@ -192,7 +193,7 @@ def test_the_setting_reads_the_environment():
     code = (
         "import django; django.setup(); from django.conf import settings; print(settings.FLEETSHARD_MAX_HQES_PER_JOB)"
     )
-    env = {"DJANGO_SETTINGS_MODULE": "common.settings", "FLEETSHARD_MAX_HQES_PER_JOB": "7", "PATH": "/usr/bin:/bin"}
+    env = {"DJANGO_SETTINGS_MODULE": "server.settings", "FLEETSHARD_MAX_HQES_PER_JOB": "7", "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "7"
 
@@ -304,15 +305,15 @@ def test_the_rest_api_records_a_tokens_last_use(fleet, client):
     token, raw = services.create_personal_token("ana", acting_user=None)
     assert token.last_used is None
     headers = {"HTTP_AUTHORIZATION": f"Bearer {raw}"}
-    assert client.get("/api/v1/labels/", **headers).status_code == 200
+    assert_status(client.get("/api/v1/labels/", **headers), 200)
     first = Token.objects.get(id=token.id).last_used
     assert first is not None and timezone.now() - first < timedelta(seconds=10)
     with CaptureQueriesContext(connection) as ctx:
-        assert client.get("/api/v1/labels/", **headers).status_code == 200
+        assert_status(client.get("/api/v1/labels/", **headers), 200)
     assert not [q for q in ctx.captured_queries if q["sql"].upper().startswith("UPDATE")]
     assert Token.objects.get(id=token.id).last_used == first
     Token.objects.filter(id=token.id).update(last_used=first - timedelta(minutes=5))
-    assert client.get("/api/v1/labels/", **headers).status_code == 200
+    assert_status(client.get("/api/v1/labels/", **headers), 200)
     assert Token.objects.get(id=token.id).last_used > first
 
 

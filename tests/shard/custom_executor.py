@@ -2,7 +2,7 @@
 
 from dataclasses import replace
 
-from shard.executor import LocalExecutor, RunHandle, RunSpec
+from shard.run.executor import LocalExecutor, RunHandle, RunSpec
 
 
 class TaggingExecutor(LocalExecutor):

@@ -1,4 +1,4 @@
-"""The shard's admin (shard/urls.py): the local queue, running HQEs and their logs, hosts, dead letters.
+"""The shard's admin (server/urls/shard.py): the local queue, running HQEs and their logs, hosts, dead letters.
 
 The shard's database is built the way a shard builds it: by applying heartbeat responses and by
 HQE transitions, which queue their updates in the outbox.
@@ -15,11 +15,13 @@ from django.test.utils import CaptureQueriesContext
 
 from common.constants import HQEStatus
 from common.models import Host, HostQueueEntry, Job
-from shard.models import DeadLetter, HostState, OutboxEntry, Run
+from shard.models import DeadLetter, DiscoveryState, HostState, OutboxEntry, Run
 from shard.services import finish_hqe, transition_hqe
+from shard.sync.discovery import record_set
 from tests.shard.world import apply_wire
+from tests.support import assert_status
 
-pytestmark = pytest.mark.urls("shard.urls")
+pytestmark = pytest.mark.urls("server.urls.shard")
 
 
 def host_data(i: int, **kw: Any) -> dict[str, Any]:
@@ -137,7 +139,7 @@ def test_a_run_shows_its_process_and_results_and_a_host_who_holds_it(lab, operat
 @pytest.mark.parametrize(
     "path, queries",
     [
-        ("/admin/", 9),
+        ("/admin/", 10),
         ("/admin/common/hostqueueentry/", 5),
         ("/admin/common/hostqueueentry/100/change/", 3),
         ("/admin/common/host/", 7),
@@ -148,7 +150,7 @@ def test_a_run_shows_its_process_and_results_and_a_host_who_holds_it(lab, operat
 def test_page_query_counts_are_pinned_whatever_the_rows(lab, operator, django_assert_num_queries, path, queries):
     operator.get(path)
     with django_assert_num_queries(queries):
-        assert operator.get(path).status_code == 200
+        assert_status(operator.get(path), 200)
     apply_wire(
         {
             "hosts": [host_data(i) for i in range(20, 40)],
@@ -159,7 +161,7 @@ def test_page_query_counts_are_pinned_whatever_the_rows(lab, operator, django_as
         transition_hqe(5000 + 2 * i, HQEStatus.RUNNING, host_id=20 + i)
         Run.objects.create(hqe_id=5000 + 2 * i, runner="lab1:1:1", results_dir=str(lab["results"]))
     with django_assert_num_queries(queries):
-        assert operator.get(path).status_code == 200
+        assert_status(operator.get(path), 200)
 
 
 def test_dead_letters_show_their_reasons(lab, operator):
@@ -177,33 +179,43 @@ def test_dead_letters_show_their_reasons(lab, operator):
 def test_everything_is_read_only(lab, operator, model):
     page = operator.get(f"/admin/{model}/").content.decode()
     assert f'href="/admin/{model}/add/"' not in page and 'name="action"' not in page
-    assert operator.get(f"/admin/{model}/add/").status_code == 403
+    assert_status(operator.get(f"/admin/{model}/add/"), 403)
     obj_id = {"common/host": 1, "common/job": 10, "common/hostqueueentry": 100}.get(model)
     if obj_id:
-        assert operator.post(f"/admin/{model}/{obj_id}/change/", {"status": "Ready"}).status_code == 403
-        assert operator.post(f"/admin/{model}/{obj_id}/delete/", {"post": "yes"}).status_code == 403
+        assert_status(operator.post(f"/admin/{model}/{obj_id}/change/", {"status": "Ready"}), 403)
+        assert_status(operator.post(f"/admin/{model}/{obj_id}/delete/", {"post": "yes"}), 403)
     assert HostQueueEntry.objects.get(id=100).status == "Running" and Host.objects.count() == 3
 
 
 def test_master_only_pages_are_not_served_on_a_shard(lab, operator):
-    assert operator.get("/admin/fleet/").status_code == 404
-    assert operator.get("/admin/master/token/").status_code == 404
-    assert operator.get("/admin/common/shard/").status_code == 404
-    assert operator.get("/api/v1/heartbeat").status_code == 404
+    assert_status(operator.get("/admin/fleet/"), 404)
+    assert_status(operator.get("/admin/master/token/"), 404)
+    assert_status(operator.get("/admin/common/shard/"), 404)
+    assert_status(operator.get("/api/v1/heartbeat"), 404)
 
 
 def test_needs_login(lab):
     resp = Client().get("/admin/common/hostqueueentry/")
-    assert resp.status_code == 302 and resp["Location"].startswith("/admin/login/")
+    assert_status(resp, 302)
+    assert resp["Location"].startswith("/admin/login/")
 
 
 def test_hqe_list_queries_do_not_grow(lab, operator):
     def count() -> int:
         with CaptureQueriesContext(connection) as ctx:
-            assert operator.get("/admin/common/hostqueueentry/").status_code == 200
+            assert_status(operator.get("/admin/common/hostqueueentry/"), 200)
         return len(ctx.captured_queries)
 
     operator.get("/admin/common/hostqueueentry/")
     few = count()
     apply_wire({"jobs": [job_data(1000 + i, [5000 + i]) for i in range(80)]})
     assert count() == few
+
+
+def test_the_index_shows_discovery_sources_and_what_the_master_refused(lab, operator):
+
+    record_set([], {"adb": {"at": "2026-11-25T10:00:00+00:00", "ok": False, "hosts": 2, "error": "no adb on PATH"}})
+    DiscoveryState.objects.update(rejected=[{"hostname": "x<1>", "reason": "label board:b belongs to shard lab2"}])
+    page = operator.get("/admin/").content.decode()
+    assert "failed at 2026-11-25T10:00:00+00:00: no adb on PATH (keeping its last good set, 2 hosts)" in page
+    assert "refused: x&lt;1&gt;" in page and "label board:b belongs to shard lab2" in page

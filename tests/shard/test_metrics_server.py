@@ -10,17 +10,18 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from shard.client import HeartbeatClient
 from shard.metrics import MAX_CONCURRENT, MAX_CONNECTIONS, MetricsServer, outcome, parse_bind
+from shard.sync.client import HeartbeatClient
 from tests.shard.fleet import new_shard, submit, writable_by_jobs
-from tests.support import free_port, make_shard_process, wait_until
+from tests.support import assert_status, free_port, make_shard_process, wait_until
 
 pytestmark = pytest.mark.e2e
 
 
 def scrape(base: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     resp = requests.get(base + "/metrics", timeout=10)
-    assert resp.status_code == 200 and resp.headers["Content-Type"].startswith("text/plain")
+    assert_status(resp, 200)
+    assert resp.headers["Content-Type"].startswith("text/plain")
     return {
         (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "shard"))): s.value
         for family in text_string_to_metric_families(resp.text)
@@ -77,7 +78,7 @@ def test_metrics_follow_a_job_through_the_shard(master_server, tmp_path):
         after = wait_until(both_ended, timeout=60, what="both jobs to end and be acked")
         assert after[("fleetshard_shard_runs_started_total", ())] == 2
         assert after[("fleetshard_shard_runs", (("state", "Running"),))] == 0
-        assert requests.get(base + "/nothing", timeout=5).status_code == 404
+        assert_status(requests.get(base + "/nothing", timeout=5), 404)
     finally:
         assert shard.process.stop() == 0
     with pytest.raises(requests.ConnectionError):
@@ -158,10 +159,11 @@ def test_more_requests_at_once_than_allowed_get_a_503_not_a_thread_each():
         for _ in range(MAX_CONCURRENT):
             server.slots.acquire()
         busy = requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
-        assert busy.status_code == 503 and b"busy" in busy.content
+        assert_status(busy, 503)
+        assert b"busy" in busy.content
         for _ in range(MAX_CONCURRENT):
             server.slots.release()
-        assert requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+        assert_status(requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5), 200)
     finally:
         server.shutdown()
         server.server_close()
@@ -183,7 +185,7 @@ def test_a_client_that_hangs_up_mid_scrape_leaves_a_log_line_not_a_traceback(db,
         with socket.create_connection(("127.0.0.1", port)) as conn:
             conn.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a RST
-    assert requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+    assert_status(requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5), 200)
     time.sleep(0.5)
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Exception occurred" not in err, err

@@ -4,6 +4,7 @@ The test database is the shard's; the master runs under gunicorn on its own data
 delivered as `on_signal` calls, which is all the command's handlers do.
 """
 
+import logging
 import signal
 import socket
 import threading
@@ -15,11 +16,11 @@ import pytest
 
 from common.constants import FailureClass, HostStatus, HQEStatus
 from common.models import Host, HostQueueEntry
-from shard.client import HeartbeatClient
 from shard.config import SchedulerConfig
 from shard.models import HostState, OutboxEntry
 from shard.process import ShardProcess
-from shard.scheduler import Scheduler
+from shard.run.scheduler import Scheduler
+from shard.sync.client import HeartbeatClient
 from tests.shard.world import apply_wire
 from tests.support import Master, free_port, wait_until
 
@@ -28,8 +29,8 @@ pytestmark = pytest.mark.e2e
 DEAD_RUNNER = f"{socket.gethostname()}:999999999:0"
 
 
-def lab(master: Master, command: str) -> dict[str, Any]:
-    """A shard with one host and one job of one HQE on the master."""
+def lab(master: Master, command: str, jobs: int = 1) -> dict[str, Any]:
+    """A shard with one host and `jobs` jobs of one HQE on the master (`job`: the first one's id)."""
     prefix = f"p{uuid.uuid4().hex[:6]}"
     return master.shell(
         f"""
@@ -39,8 +40,9 @@ services.create_labels([label], acting_user=None)
 shard, token = services.create_shard("{prefix}.lab", [label], acting_user=None)
 services.create_hosts(["{prefix}-h0"], labels=[label], acting_user=None)
 request = services.JobRequest(name="{prefix}-j", owner="ana", command={command!r}, meta_hosts=[(label, 1)])
-job = services.create_job(request, acting_user=None)
-result = {{"shard": shard.hostname, "shard_id": shard.id, "token": token, "job": job.id}}
+made = [services.create_job(request, acting_user=None) for _ in range({jobs})]
+result = {{"shard": shard.hostname, "shard_id": shard.id, "token": token, "job": made[0].id,
+          "jobs": [j.id for j in made]}}
 """
     )
 
@@ -55,10 +57,21 @@ def master_hqe(master: Master, job_id: int) -> list[str]:
 class Running:
     """A ShardProcess run in a thread, as run_shard runs it in its main thread."""
 
-    def __init__(self, url: str, world: dict[str, Any], tmp_path: Path, drain_s: float) -> None:
+    def __init__(
+        self,
+        url: str,
+        world: dict[str, Any],
+        tmp_path: Path,
+        drain_s: float,
+        exit_when_idle_s: float | None = None,
+        **scheduler_options: Any,
+    ) -> None:
         client = HeartbeatClient(url, world["shard"], world["token"])
         config = SchedulerConfig(results_root=tmp_path / "results", tick_s=0.05, abort_grace_s=1.0)
-        self.process = ShardProcess(client, Scheduler(config), drain_s=drain_s)
+        scheduler = Scheduler(config)
+        for name, value in scheduler_options.items():
+            setattr(scheduler, name, value)  # an elastic worker's options (run_shard sets them so)
+        self.process = ShardProcess(client, scheduler, drain_s=drain_s, exit_when_idle_s=exit_when_idle_s)
         self.thread = threading.Thread(target=self.process.run, name="shard")
         self.thread.start()
 
@@ -76,8 +89,8 @@ def running(transactional_db, settings, tmp_path):
     settings.FLEETSHARD_HEARTBEAT_INTERVAL_S = 0.2
     made: list[Running] = []
 
-    def start(url: str, world: dict[str, Any], drain_s: float = 60.0) -> Running:
-        made.append(Running(url, world, tmp_path, drain_s))
+    def start(url: str, world: dict[str, Any], drain_s: float = 60.0, **options: Any) -> Running:
+        made.append(Running(url, world, tmp_path, drain_s, **options))
         return made[-1]
 
     yield start
@@ -193,3 +206,25 @@ def test_a_sigint_while_the_last_heartbeat_hangs_still_stops_at_once(running):
             assert not shard.ended(1), "a first SIGTERM waits for the heartbeat in flight"
             shard.process.on_signal(signal.SIGINT)
             assert shard.ended(5), "SIGINT must stop at once, whatever the heartbeat thread is waiting for"
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "line"),
+    [
+        ("max_starts", 1, "1 runs started and ended: exiting (--exit-after-num-runs)"),
+        ("max_work_dir_bytes", 4000, "work directory over --max-work-dir-size and its runs ended: exiting"),
+    ],
+    ids=["exit-after-num-runs", "max-work-dir-size"],
+)
+def test_a_worker_done_by_its_option_exits_once_its_runs_end_not_after_idling(
+    master_server, running, caplog, option, value, line
+):
+    """A worker over --max-work-dir-size stayed, idle, until --exit-when-idle: its free-looking hosts kept
+    the manager from starting a fresh worker for the queued work that long."""
+    world = lab(master_server, 'head -c 5000 /dev/zero > "$FLEETSHARD_RESULTS_DIR/blob"', jobs=2)
+    shard = running(master_server.url, world, exit_when_idle_s=300, **{option: value})
+    with caplog.at_level(logging.INFO, logger="shard.run_shard"):
+        assert shard.ended(60), "the worker is done: it leaves once its run has ended"
+    assert shard.process.exited_idle and line in caplog.messages
+    first, second = world["jobs"]
+    assert hqe_row(first)[0] == HQEStatus.COMPLETED and hqe_row(second)[0] == HQEStatus.QUEUED

@@ -11,9 +11,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from common.constants import HQEStatus
 from common.models import HostQueueEntry, Job
-from shard.client import HeartbeatClient
 from shard.metrics import ShardCollector
 from shard.models import DeadLetter, OutboxEntry, Run
+from shard.sync.client import HeartbeatClient
 from tests.fuzz.checksum import database_checksum
 
 NOW = timezone.now()

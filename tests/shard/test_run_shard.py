@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from shard.tracking import process_state
+from shard.run.tracking import process_state
 from tests.shard.fleet import ACTIVE, in_list, master_hqes, new_shard, sql, submit, writable_by_jobs
 from tests.support import Role, stop, wait_until
 
@@ -181,22 +181,22 @@ def test_run_shard_uses_the_configured_executor(master_server, tmp_path, started
 
 
 def test_run_shard_refuses_an_unknown_executor(master_server, tmp_path):
-    shard = new_shard(master_server, tmp_path, hosts=1, FLEETSHARD_EXECUTOR="shard.executor.NoSuchExecutor")
+    shard = new_shard(master_server, tmp_path, hosts=1, FLEETSHARD_EXECUTOR="shard.run.executor.NoSuchExecutor")
     proc = shard.process.role.manage("run_shard", check=False, timeout=60)
     assert proc.returncode != 0
-    assert "FLEETSHARD_EXECUTOR=shard.executor.NoSuchExecutor" in proc.stderr
+    assert "FLEETSHARD_EXECUTOR=shard.run.executor.NoSuchExecutor" in proc.stderr
 
 
 def test_run_shard_under_the_test_settings_says_which_settings_it_needs(tmp_path):
     """The suite's settings play the master (both roles installed): FLEETSHARD_ROLE=shard alone is not enough,
     and the refusal must not tell someone who set it to set it."""
     role = Role("shard", f"sqlite:///{tmp_path / 's.sqlite3'}", tmp_path)
-    role.extra_env["DJANGO_SETTINGS_MODULE"] = "common.settings.test"
+    role.extra_env["DJANGO_SETTINGS_MODULE"] = "server.settings.test"
     proc = role.manage("run_shard", check=False, timeout=60)
     assert proc.returncode == 1
     assert (
-        "run_shard needs the shard's settings (FLEETSHARD_ROLE=shard, DJANGO_SETTINGS_MODULE=common.settings), "
-        "not common.settings.test, which plays the master"
+        "run_shard needs the shard's settings (FLEETSHARD_ROLE=shard, DJANGO_SETTINGS_MODULE=server.settings), "
+        "not server.settings.test, which plays the master"
     ) in proc.stderr
 
 

@@ -14,8 +14,8 @@ import psycopg2
 import pytest
 
 from tests.shard.fleet import new_shard, sql, submit
+from tests.shard.run.test_trust_boundary import processes_running, unique_sleep
 from tests.shard.test_run_shard import alive, log_of, master_status, shard_hqe, start
-from tests.shard.test_trust_boundary import processes_running, unique_sleep
 from tests.support import free_port, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -160,7 +160,7 @@ def test_sigint_stops_at_once_even_when_every_query_fails(master_server, tmp_pat
 
 SEED = """
 from common.wire import HeartbeatResponse
-from shard.ingest import apply_response
+from shard.sync.ingest import apply_response
 from shard.services import open_run, transition_hqe
 from shard.locks import shard_write
 host = {"id": 9001, "version": 1, "hostname": "gate-dut", "labels": ["board:gate"], "locked": False,

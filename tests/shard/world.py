@@ -1,7 +1,7 @@
 """A shard's world for in-process scheduler tests: hosts and jobs arrive the way the master sends them
 (through `apply_response`), and the scheduler runs real commands with the local executor."""
 
-import time
+import contextlib
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -12,9 +12,10 @@ from django.utils import timezone
 from common.models import Host, HostQueueEntry, Job
 from common.wire import HeartbeatResponse, format_time
 from shard.config import SchedulerConfig
-from shard.ingest import IngestResult, apply_response
 from shard.models import HostState, Run
-from shard.scheduler import Scheduler
+from shard.run.scheduler import Scheduler
+from shard.sync.ingest import IngestResult, apply_response
+from tests.support import wait_until
 
 
 def apply_wire(body: dict[str, Any]) -> IngestResult:
@@ -119,14 +120,9 @@ class ShardWorld:
 
     def run_until(self, predicate: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
         """Ticks the scheduler until `predicate` holds; generous timeouts, never an elapsed-time assertion."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.scheduler.tick()
-            result = predicate()
-            if result:
-                return result
-            time.sleep(self.config.tick_s)
-        raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        return wait_until(
+            lambda: self.scheduler.tick() or predicate(), timeout=timeout, interval=self.config.tick_s, what=what
+        )
 
     def finished(self, *job_ids: int) -> bool:
         return not HostQueueEntry.objects.filter(
@@ -140,10 +136,13 @@ class ShardWorld:
         """Kills whatever a failed test left running."""
         self.scheduler.stop_runs(at_once=True)
         self.scheduler.hosts.stop_all()
-        deadline = time.monotonic() + 10
-        while self.scheduler.runs and time.monotonic() < deadline:
-            self.scheduler.tick(start_new=False)
-            time.sleep(0.05)
+        with contextlib.suppress(AssertionError):
+            wait_until(
+                lambda: self.scheduler.tick(start_new=False) or not self.scheduler.runs,
+                timeout=10,
+                interval=0.05,
+                what="the runs to end",
+            )
         self.scheduler.executor.kill_runner(self.scheduler.runner_id)
 
 

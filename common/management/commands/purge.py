@@ -1,4 +1,4 @@
-"""Deletes this role's finished history older than --older-than, in batches (master/purge.py, shard/purge.py)."""
+"""Deletes this role's finished history older than --older-than, in batches (each role's purge module)."""
 
 from typing import Any
 
@@ -9,7 +9,7 @@ from django.utils.module_loading import import_string
 
 from common.purge import DEFAULT_BATCH_SIZE, MAX_BATCH_SIZE, parse_age
 
-PURGES = {"master": "master.purge.purge", "shard": "shard.purge.purge"}
+PURGES = {"master": "master.services.purge.purge", "shard": "shard.purge.purge"}
 
 
 class Command(BaseCommand):

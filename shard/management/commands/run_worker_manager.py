@@ -1,4 +1,4 @@
-"""Runs the shard's worker manager (DESIGN.md, "Elastic workers") until SIGTERM or SIGINT.
+"""Runs the shard's worker manager (docs/design.md, "Elastic workers") until SIGTERM or SIGINT.
 
 It is the shard's always-on presence: it holds the shard's heartbeat, so work reaches the shard's
 database with no worker running, and each tick it starts or stops workers through its backend.
@@ -16,40 +16,21 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import close_old_connections, connection
 
+from common.loop import Backoff, run_until_stopped
 from common.schema import check_migrated
-from shard.client import HeartbeatClient
+from common.wire import MAX_POOL_LABELS
 from shard.elastic.backends import BACKENDS, NOT_BUILT, Backend, LocalBackend, SlurmBackend, SlurmOptions, WorkerSpec
 from shard.elastic.manager import Metrics, WorkerManager, pool_key, queued_for
 from shard.elastic.policy import Limits
-from shard.leader import HeartbeatLeadership, heartbeat_loop, lock_key, worker_mode_refusal
+from shard.elastic.sbatch import sbatch_option_refusal
 from shard.management.commands.run_shard import shard_token
+from shard.run.workers import MAX_SLOTS, announce_pool, free_slots, sync_worker_hosts
+from shard.sync.client import HeartbeatClient
+from shard.sync.leader import HeartbeatLeadership, heartbeat_loop, lock_key, worker_mode_refusal
 
 log = logging.getLogger("shard.worker_manager")
 
-MAX_LABELS = 20
-# What names, runs and logs the workers: another value would hide them from the manager. An array
-# would make several workers of one job id that squeue lists as one.
-MANAGER_SBATCH_OPTIONS = (
-    "-J",
-    "--job-name",
-    "--wrap",
-    "--parsable",
-    "-o",
-    "--output",
-    "-D",
-    "--chdir",
-    "-a",
-    "--array",
-)
-
-
-def owned_sbatch_option(option: str) -> bool:
-    """Whether an sbatch option is one of MANAGER_SBATCH_OPTIONS, also as sbatch takes it: glued to its
-    value (`-Jx`) or abbreviated (`--job=x`, `--arr=1-9`)."""
-    name = option.split("=", 1)[0]
-    if option[:2] in MANAGER_SBATCH_OPTIONS:
-        return True
-    return len(name) > 2 and name.startswith("--") and any(o.startswith(name) for o in MANAGER_SBATCH_OPTIONS)
+MAX_LABELS = MAX_POOL_LABELS
 
 
 class Command(BaseCommand):
@@ -62,6 +43,9 @@ class Command(BaseCommand):
         parser.add_argument("--min-seconds-between-workers", type=float, default=5.0)
         parser.add_argument(
             "--idle-seconds", type=float, default=60.0, help="a worker exits after this long with no run"
+        )
+        parser.add_argument(
+            "--slots-per-worker", type=int, default=1, help="hosts each worker brings (run_shard --slots)"
         )
         parser.add_argument("--label", action="append", default=[], help="count only HQEs with this label (repeatable)")
         parser.add_argument("--once", action="store_true", help="one tick, without heartbeating, then exit")
@@ -101,12 +85,13 @@ class Command(BaseCommand):
             raise CommandError(
                 f"each --label must be a label's name (1 to 255 printable characters), {MAX_LABELS} at most"
             )
-        owned = [o for o in options["slurm_sbatch_option"] if owned_sbatch_option(o)]
-        if owned:
-            raise CommandError(
-                f"--slurm-sbatch-option {owned[0]!r}: the manager sets {', '.join(MANAGER_SBATCH_OPTIONS)} itself "
-                "(it finds its workers by their job name)"
-            )
+        slots = options["slots_per_worker"]
+        if not 1 <= slots <= MAX_SLOTS:
+            raise CommandError(f"--slots-per-worker must be between 1 and {MAX_SLOTS}, not {slots}")
+        for option in options["slurm_sbatch_option"]:
+            why = sbatch_option_refusal(option)
+            if why:
+                raise CommandError(f"--slurm-sbatch-option {option!r}: {why}")
         refusal = worker_mode_refusal()
         if refusal:
             raise CommandError(f"run_worker_manager: {refusal}")
@@ -119,10 +104,19 @@ class Command(BaseCommand):
         key = pool_key(hostname, labels)
         spec = WorkerSpec(
             pool=key,
-            # `-m common.manage` works from a checkout and from an installed wheel alike.
-            command=(sys.executable, "-m", "common.manage", "run_shard", f"--exit-when-idle={idle:g}"),
+            # `-m server.manage` works from a checkout and from an installed wheel alike.
+            command=(
+                sys.executable,
+                "-m",
+                "server.manage",
+                "run_shard",
+                f"--exit-when-idle={idle:g}",
+                f"--slots={slots}",
+                *(f"--label={label}" for label in labels),
+            ),
             cwd=settings.BASE_DIR,
             log_dir=settings.DATA_DIR / "workers" / key,
+            worker_id=True,
         )
         backend: Backend
         if name == "slurm":
@@ -136,7 +130,19 @@ class Command(BaseCommand):
         else:
             backend = LocalBackend(spec)
         metrics = Metrics()
-        manager = WorkerManager(backend, limits, key, lambda: queued_for(labels).count(), metrics=metrics)
+        manager = WorkerManager(
+            backend,
+            limits,
+            key,
+            lambda: queued_for(labels).count(),
+            metrics=metrics,
+            slots=slots,
+            free=lambda active: free_slots(slots, active),
+        )
+        if labels:
+            announce_pool(labels, limits.max_workers * slots)
+        else:
+            log.warning("no --label: the pool is not announced, so the master accepts its jobs only once hosts exist")
         if options["once"]:
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_try_advisory_lock(%s)", [lock_key(key)])
@@ -155,6 +161,7 @@ class Command(BaseCommand):
         if not (settings.FLEETSHARD_MASTER_URL and token):
             raise CommandError("set FLEETSHARD_MASTER_URL and FLEETSHARD_SHARD_TOKEN: the manager heartbeats")
         client = HeartbeatClient(settings.FLEETSHARD_MASTER_URL, settings.FLEETSHARD_SHARD_HOSTNAME, token)
+        client.before_request = sync_worker_hosts
         if port:
             from prometheus_client import start_http_server
 
@@ -171,7 +178,9 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
         signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
-        leadership = HeartbeatLeadership(stop, settings.FLEETSHARD_HEARTBEAT_INTERVAL_S, what="the shard's heartbeat")
+        leadership = HeartbeatLeadership(
+            stop, settings.FLEETSHARD_HEARTBEAT_INTERVAL_S, what="the shard's heartbeat", on_outbox=client.nudge.set
+        )
         # One manager per pool ticks; another one of the same pool waits as a standby.
         pool = HeartbeatLeadership(stop, tick_s, key=lock_key(manager.key), what=f"worker pool {manager.key}")
         pool.start()
@@ -189,16 +198,17 @@ class Command(BaseCommand):
             manager.limits.max_workers,
             tick_s,
         )
-        while not stop.is_set():
+
+        def step() -> float:
             if not pool.held.is_set():
-                stop.wait(min(tick_s, 0.5))
-                continue
-            try:
-                close_old_connections()
-                manager.tick()
-            except Exception:
-                log.exception("worker manager tick failed; retrying next tick")
-            stop.wait(tick_s)
+                return min(tick_s, 0.5)
+            close_old_connections()
+            manager.tick()
+            return tick_s
+
+        run_until_stopped(
+            step, stop, what="worker manager tick", log=log, backoff=Backoff(base_s=tick_s, cap_s=max(tick_s, 30.0))
+        )
         heartbeat.join(timeout=client.timeout[1] + 10)
         if fatal:
             raise CommandError(f"stopping: {fatal[0]}")

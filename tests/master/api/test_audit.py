@@ -9,11 +9,12 @@ from rest_framework.test import APIClient
 from common.models import Host
 from master import services
 from master.models import AuditRecord
+from tests.support import assert_status
 
 
 def test_a_change_through_the_api_records_the_signed_in_user(fleet, staff):
     resp = staff.post("/api/v1/hosts/lock/", {"hostnames": ["a1"], "reason": "bad battery"}, format="json")
-    assert resp.status_code == 200
+    assert_status(resp, 200)
     entry = AuditRecord.objects.order_by("-id").first()
     assert (entry.user.username, entry.actor, entry.action, entry.reason) == (
         "boss",
@@ -32,7 +33,7 @@ def test_a_job_submitted_by_a_user_is_recorded_as_theirs(fleet, user):
         {"name": "x", "command": "true", "meta_hosts": ["board:a*2"], "priority": "high"},
         format="json",
     )
-    assert resp.status_code == 201
+    assert_status(resp, 201)
     entry = AuditRecord.objects.get(action="job.create")
     assert entry.actor == "ana" and entry.details["priority"] == 70 and entry.details["meta_hosts"] == [["board:a", 2]]
 
@@ -40,15 +41,16 @@ def test_a_job_submitted_by_a_user_is_recorded_as_theirs(fleet, user):
 def test_a_refused_change_through_the_api_writes_no_record(fleet, staff):
     before = AuditRecord.objects.count()
     resp = staff.post("/api/v1/shards/lab1/add_labels/", {"labels": ["wifi", "board:b"]}, format="json")
-    assert resp.status_code == 409 and resp.json()["error"] == "label board:b already belongs to shard lab2"
+    assert_status(resp, 409)
+    assert resp.json()["error"] == "label board:b already belongs to shard lab2"
     resp = staff.post("/api/v1/hosts/lock/", {"hostnames": ["a1", "nope"], "reason": "x"}, format="json")
-    assert resp.status_code == 404
+    assert_status(resp, 404)
     assert AuditRecord.objects.count() == before
 
 
 def _list(client, **params):
     resp = client.get("/api/v1/audit/", params)
-    assert resp.status_code == 200, resp.content
+    assert_status(resp, 200)
     return resp.json()
 
 
@@ -88,7 +90,7 @@ def test_filters_by_host_job_user_and_since(fleet, staff, user):
 
 
 def test_a_deleted_hosts_changes_stay_findable_by_name(fleet, staff):
-    assert staff.delete("/api/v1/hosts/c1/").status_code == 204
+    assert_status(staff.delete("/api/v1/hosts/c1/"), 204)
     assert [r["action"] for r in _list(staff, host="c1")["results"]] == ["host.delete", "host.create"]
 
 
@@ -101,16 +103,18 @@ def test_bad_filters_are_named(fleet, staff):
         ({"since": "9999-12-31T23:59:59-14:00"}, "invalid since '9999-12-31T23:59:59-14:00': it is before year 1"),
     ]:
         resp = staff.get("/api/v1/audit/", params)
-        assert resp.status_code == 400 and resp.json()["error"].startswith(message), resp.json()
+        assert_status(resp, 400)
+        assert resp.json()["error"].startswith(message), resp.json()
 
 
 def test_the_trail_is_read_only_and_needs_a_sign_in(fleet, staff, anonymous):
-    assert anonymous.get("/api/v1/audit/").status_code == 401
+    assert_status(anonymous.get("/api/v1/audit/"), 401)
     unchecked = APIClient()  # the schema has no POST here, which is the point
     unchecked.credentials(**staff._credentials)
     resp = unchecked.post("/api/v1/audit/", {}, format="json")
-    assert resp.status_code == 403 and resp.json()["error"] == "this change is not allowed through the API"
-    assert unchecked.get("/api/v1/audit/1/").status_code == 404
+    assert_status(resp, 403)
+    assert resp.json()["error"] == "this change is not allowed through the API"
+    assert_status(unchecked.get("/api/v1/audit/1/"), 404)
 
 
 def test_the_list_costs_a_fixed_number_of_queries(fleet, staff, django_assert_num_queries):

@@ -11,6 +11,7 @@ from common.models import HostQueueEntry
 from master.logs.models import RunLog, RunLogChunk
 from master.logs.store import utf8_prefix
 from tests.master.api.conftest import CheckedClient, client_for
+from tests.support import assert_status
 
 
 def push(client: CheckedClient, hqe: int, offset: int, data: bytes, final: bool = False, **extra: str):
@@ -35,7 +36,7 @@ def hqe(fleet) -> HostQueueEntry:
 
 def test_chunks_at_their_offsets_make_the_log_byte_for_byte(lab1, hqe):
     first = push(lab1, hqe.id, 0, b"line 1\n")
-    assert first.status_code == 200, first.content
+    assert_status(first, 200)
     assert first.json() == {"hqe": hqe.id, "size": 7, "kept": 7, "truncated": False, "complete": False, "new": 7}
     second = push(lab1, hqe.id, 7, b"\x00\xff\xfe bytes \xed\xa0\x80\n", final=True)
     assert second.json()["size"] == 7 + 14 and second.json()["complete"] is True
@@ -45,7 +46,7 @@ def test_chunks_at_their_offsets_make_the_log_byte_for_byte(lab1, hqe):
 def test_a_duplicate_chunk_is_acknowledged_and_not_appended_twice(lab1, hqe):
     push(lab1, hqe.id, 0, b"abc")
     again = push(lab1, hqe.id, 0, b"abc")
-    assert again.status_code == 200
+    assert_status(again, 200)
     assert again.json()["size"] == 3 and again.json()["new"] == 0
     # A chunk overlapping the end adds only what is new.
     overlap = push(lab1, hqe.id, 1, b"bcdef")
@@ -57,7 +58,7 @@ def test_a_duplicate_chunk_is_acknowledged_and_not_appended_twice(lab1, hqe):
 def test_a_chunk_past_the_end_is_refused_with_the_offset_to_send_and_changes_nothing(lab1, hqe):
     push(lab1, hqe.id, 0, b"abc")
     gap = push(lab1, hqe.id, 5, b"xyz")
-    assert gap.status_code == 409
+    assert_status(gap, 409)
     assert gap.json()["detail"] == {"field": "offset", "expected_offset": 3}
     assert "send from offset 3" in gap.json()["error"]
     assert stored(hqe.id) == b"abc" and RunLog.objects.get(hqe=hqe).size == 3
@@ -65,7 +66,8 @@ def test_a_chunk_past_the_end_is_refused_with_the_offset_to_send_and_changes_not
 
 def test_a_first_chunk_past_zero_is_a_gap_too(lab1, hqe):
     gap = push(lab1, hqe.id, 10, b"late")
-    assert gap.status_code == 409 and gap.json()["detail"]["expected_offset"] == 0
+    assert_status(gap, 409)
+    assert gap.json()["detail"]["expected_offset"] == 0
     assert not RunLogChunk.objects.exists()
 
 
@@ -93,19 +95,20 @@ def test_a_raised_cap_never_stores_bytes_after_a_hole(lab1, hqe, settings):
 def test_a_shard_may_not_write_the_log_of_another_shards_hqe(fleet, hqe):
     lab2 = client_for(fleet.token2)
     refused = push(lab2, hqe.id, 0, b"not mine")
-    assert refused.status_code == 403
+    assert_status(refused, 403)
     assert refused.json()["detail"]["field"] == "hqe" and "not of a job on shard lab2" in refused.json()["error"]
     assert not RunLog.objects.exists()
 
 
 def test_a_persons_token_may_not_push_logs(staff, hqe):
     refused = push(staff, hqe.id, 0, b"hello")
-    assert refused.status_code == 403 and "only a shard's token" in refused.json()["error"]
+    assert_status(refused, 403)
+    assert "only a shard's token" in refused.json()["error"]
     assert not RunLog.objects.exists()
 
 
 def test_pushing_without_a_token_is_401(anonymous, hqe):
-    assert push(anonymous, hqe.id, 0, b"x").status_code == 401
+    assert_status(push(anonymous, hqe.id, 0, b"x"), 401)
 
 
 @pytest.mark.parametrize(
@@ -127,29 +130,31 @@ def test_bad_parameters_are_refused_naming_the_field_and_change_nothing(lab1, hq
     resp = lab1.post(
         "/api/v1/logs/append?" + query.format(hqe=hqe.id), data=b"xy", content_type="application/octet-stream"
     )
-    assert resp.status_code == 400, resp.content
+    assert_status(resp, 400)
     assert resp.json()["detail"]["field"] == field
     assert not RunLog.objects.exists()
 
 
 def test_an_unknown_hqe_is_404(lab1, fleet):
     resp = push(lab1, 999999, 0, b"x")
-    assert resp.status_code == 404 and resp.json()["detail"]["field"] == "hqe"
+    assert_status(resp, 404)
+    assert resp.json()["detail"]["field"] == "hqe"
 
 
 def test_a_chunk_over_the_bound_is_413_and_changes_nothing(lab1, hqe):
     resp = push(lab1, hqe.id, 0, b"x" * (MAX_LOG_CHUNK_BYTES + 1))
-    assert resp.status_code == 413 and resp.json()["detail"]["field"] == "body"
+    assert_status(resp, 413)
+    assert resp.json()["detail"]["field"] == "body"
     assert not RunLog.objects.exists()
     assert push(lab1, hqe.id, 0, b"x" * MAX_LOG_CHUNK_BYTES).json()["size"] == MAX_LOG_CHUNK_BYTES
 
 
 def test_an_append_costs_a_fixed_number_of_queries(lab1, hqe, django_assert_num_queries):
     push(lab1, hqe.id, 0, b"first")
-    # Token (and its shard), the HQE's owner; then in one transaction: lock the log, find its last row (small
-    # appends share it), store the chunk, move its end.
-    with django_assert_num_queries(8):
-        assert push(lab1, hqe.id, 5, b"second").status_code == 200
+    # Token (and its shard), the HQE's owner; then in one transaction: hold the HQE against a purge, lock the
+    # log, find its last row (small appends share it), store the chunk, move its end.
+    with django_assert_num_queries(9):
+        assert_status(push(lab1, hqe.id, 5, b"second"), 200)
 
 
 def test_a_log_that_ended_takes_no_more_bytes_but_acknowledges_a_repeated_final(lab1, hqe, user):
@@ -163,7 +168,8 @@ def test_a_log_that_ended_takes_no_more_bytes_but_acknowledges_a_repeated_final(
         "new": 0,
     }
     late = push(lab1, hqe.id, 5, b"forged after the end\n")
-    assert late.status_code == 400 and late.json()["detail"]["field"] == "offset"
+    assert_status(late, 400)
+    assert late.json()["detail"]["field"] == "offset"
     assert "ended at byte 5" in late.json()["error"]
     assert stored(hqe.id) == b"done\n" and RunLog.objects.get(hqe=hqe).size == 5
     # A reader that stopped at `ended` missed nothing.
@@ -174,7 +180,8 @@ def test_a_cut_log_that_ended_takes_no_more_bytes_either(lab1, hqe, settings):
     settings.FLEETSHARD_MAX_LOG_BYTES = 3
     push(lab1, hqe.id, 0, b"abcdef", final=True)
     late = push(lab1, hqe.id, 100, b"more")
-    assert late.status_code == 400 and late.json()["detail"]["field"] == "offset"
+    assert_status(late, 400)
+    assert late.json()["detail"]["field"] == "offset"
     assert RunLog.objects.get(hqe=hqe).size == 6
 
 
@@ -276,7 +283,8 @@ def test_an_ended_hqe_whose_shard_never_says_its_log_ended_ends_after_a_minute(l
 def test_a_job_of_several_entries_needs_hqe(user, fleet):
     job = fleet.job(meta_hosts=[("board:a", 2)])
     resp = user.get(f"/api/v1/jobs/{job.id}/log")
-    assert resp.status_code == 400 and resp.json()["detail"]["field"] == "hqe"
+    assert_status(resp, 400)
+    assert resp.json()["detail"]["field"] == "hqe"
     assert "has 2 entries" in resp.json()["error"]
     other = HostQueueEntry.objects.filter(job=job).last()
     assert user.get(f"/api/v1/jobs/{job.id}/log", {"hqe": other.id}).json()["hqe"] == other.id
@@ -298,7 +306,7 @@ def test_a_job_of_several_entries_needs_hqe(user, fleet):
 )
 def test_bad_reads_name_what_is_wrong(user, hqe, path, params, status, field):
     resp = user.get(path.format(job=hqe.job_id), params)
-    assert resp.status_code == status, resp.content
+    assert_status(resp, status)
     if field:
         assert resp.json()["detail"]["field"] == field
 
@@ -306,12 +314,13 @@ def test_bad_reads_name_what_is_wrong(user, hqe, path, params, status, field):
 def test_another_jobs_entry_is_not_found(user, fleet, hqe):
     other = fleet.job("other")
     resp = user.get(f"/api/v1/jobs/{other.id}/log", {"hqe": hqe.id})
-    assert resp.status_code == 404 and resp.json()["detail"]["field"] == "hqe"
+    assert_status(resp, 404)
+    assert resp.json()["detail"]["field"] == "hqe"
 
 
 def test_reading_needs_a_person_not_a_shard(anonymous, lab1, hqe):
-    assert anonymous.get(f"/api/v1/jobs/{hqe.job_id}/log").status_code == 401
-    assert lab1.get(f"/api/v1/jobs/{hqe.job_id}/log").status_code == 401
+    assert_status(anonymous.get(f"/api/v1/jobs/{hqe.job_id}/log"), 401)
+    assert_status(lab1.get(f"/api/v1/jobs/{hqe.job_id}/log"), 401)
 
 
 def test_a_read_costs_a_fixed_number_of_queries_however_many_chunks(lab1, user, hqe, django_assert_num_queries):

@@ -8,11 +8,11 @@ from django.utils import timezone
 from common.constants import HQEStatus
 from common.models import HostQueueEntry, Shard
 from master import services
-from master.lookups import RECENT_RUNS
 from master.models import AuditRecord, Token
+from master.services.lookups import RECENT_RUNS
 from tests.fleet_state import snapshot
 from tests.master.api.conftest import client_for
-from tests.support import tokens_just_used
+from tests.support import assert_status, tokens_just_used
 
 
 def finished(job, status=HQEStatus.COMPLETED, **more):
@@ -40,7 +40,7 @@ def test_host_detail_query_count_is_pinned(fleet, staff, django_assert_num_queri
         finished(fleet.job(f"j{i}", hosts=["a1"], meta_hosts=[]))
     tokens_just_used()
     with django_assert_num_queries(8):  # as many for 30 runs as for none
-        assert staff.get("/api/v1/hosts/a1/").status_code == 200
+        assert_status(staff.get("/api/v1/hosts/a1/"), 200)
 
 
 def test_shard_detail_counts_hosts_and_jobs_by_status_and_shows_the_outbox(fleet, staff, django_assert_num_queries):
@@ -63,34 +63,36 @@ def test_whoami(fleet, user):
 
 def test_tokens_create_list_and_revoke_for_admins(fleet, staff):
     mine = staff.post("/api/v1/tokens/", {"description": "ci"}, format="json")
-    assert mine.status_code == 201 and mine.json()["token"].startswith(mine.json()["prefix"])
+    assert_status(mine, 201)
+    assert mine.json()["token"].startswith(mine.json()["prefix"])
     shard = staff.post("/api/v1/tokens/", {"shard": "lab1"}, format="json").json()
     assert (shard["kind"], shard["shard"], shard["user"]) == ("shard", "lab1", None)
     listed = staff.get("/api/v1/tokens/").json()["results"]
     assert {mine.json()["id"], shard["id"]} <= {t["id"] for t in listed}
     assert all("token" not in t for t in listed)
-    assert staff.delete(f"/api/v1/tokens/{shard['id']}/").status_code == 204
+    assert_status(staff.delete(f"/api/v1/tokens/{shard['id']}/"), 204)
     assert not Token.objects.filter(id=shard["id"]).exists()
     assert AuditRecord.objects.filter(action="token.revoke").count() == 1
     assert staff.delete(f"/api/v1/tokens/{shard['id']}/").json()["error"] == f"unknown token {shard['id']}"
-    assert staff.delete("/api/v1/tokens/x/").status_code == 404
+    assert_status(staff.delete("/api/v1/tokens/x/"), 404)
     assert staff.post("/api/v1/tokens/", {"shard": "nosuch"}, format="json").json()["error"] == "unknown shard nosuch"
 
 
 def test_tokens_need_the_admins_permissions(fleet, user):
     before = snapshot(), Token.objects.count()
-    assert user.get("/api/v1/tokens/").status_code == 403
-    assert user.post("/api/v1/tokens/", {}, format="json").status_code == 403
+    assert_status(user.get("/api/v1/tokens/"), 403)
+    assert_status(user.post("/api/v1/tokens/", {}, format="json"), 403)
     ana = User.objects.get(username="ana")
     ana.is_staff = True
     ana.save()
     ana.user_permissions.add(Permission.objects.get(codename="add_token"))
     refused = user.post("/api/v1/tokens/", {"shard": "lab1"}, format="json")
-    assert refused.status_code == 403 and "common.change_shard" in refused.json()["error"]
+    assert_status(refused, 403)
+    assert "common.change_shard" in refused.json()["error"]
     assert (snapshot(), Token.objects.count()) == before
-    assert user.post("/api/v1/tokens/", {}, format="json").status_code == 201
+    assert_status(user.post("/api/v1/tokens/", {}, format="json"), 201)
 
 
 def test_a_shard_token_cannot_list_tokens(fleet):
     _, raw = services.create_shard_token("lab1", acting_user=None)
-    assert client_for(raw).get("/api/v1/tokens/").status_code == 401
+    assert_status(client_for(raw).get("/api/v1/tokens/"), 401)

@@ -8,12 +8,13 @@ from common.models import Job
 from master import services
 from tests.fleet_state import snapshot
 from tests.master.api.conftest import client_for
+from tests.support import assert_status
 
 
 def test_personal_token_is_refused_by_the_heartbeat(fleet, heartbeat):
     _, personal = services.create_personal_token("boss", admin=True, acting_user=None)
     resp = heartbeat.post_raw(json.dumps(heartbeat.body(fleet.lab1)), personal)
-    assert resp.status_code == 403
+    assert_status(resp, 403)
     assert "personal token cannot heartbeat" in resp.json()["error"]
     fleet.lab1.refresh_from_db()
     assert fleet.lab1.last_heartbeat is None
@@ -21,7 +22,7 @@ def test_personal_token_is_refused_by_the_heartbeat(fleet, heartbeat):
 
 def test_shard_token_is_refused_by_the_rest_api(fleet):
     resp = client_for(fleet.token1).get("/api/v1/hosts/")
-    assert resp.status_code == 401
+    assert_status(resp, 401)
     assert resp.json()["error"] == "a shard token is only valid for the heartbeat"
 
 
@@ -32,7 +33,7 @@ def test_unknown_or_malformed_token_is_refused(db, header):
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=header)
     resp = client.get("/api/v1/labels/")
-    assert resp.status_code == 401
+    assert_status(resp, 401)
     assert resp.json()["error"]
 
 
@@ -43,7 +44,7 @@ def test_the_rest_api_takes_a_token_as_bearer_or_drf_token(fleet, scheme):
     _, raw = services.create_personal_token("ana", acting_user=None)
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"{scheme} {raw}  ")
-    assert client.get("/api/v1/labels/").status_code == 200
+    assert_status(client.get("/api/v1/labels/"), 200)
 
 
 @pytest.mark.parametrize("header", ["Token {raw}", "Bearer ", "{raw}", "Basic {raw}"])
@@ -56,11 +57,11 @@ def test_the_heartbeat_takes_only_a_bearer_token(fleet, heartbeat, header):
         content_type="application/json",
         HTTP_AUTHORIZATION=header.format(raw=fleet.token1),
     )
-    assert resp.status_code == 401
+    assert_status(resp, 401)
     assert resp.json()["error"] == "missing shard token: send 'Authorization: Bearer <shard token>'"
     assert resp.json()["detail"] == {"field": "Authorization"}
     assert snapshot() == before
-    assert heartbeat.post_raw(body, fleet.token1).status_code == 200  # the same token as Bearer works
+    assert_status(heartbeat.post_raw(body, fleet.token1), 200)
 
 
 def test_anonymous_requests_are_refused(fleet, anonymous):
@@ -114,13 +115,13 @@ def test_writes_need_the_admins_permissions(fleet, user, django_user_model, url,
     # A plain user, and staff without permissions: the admin refuses them both, and so does the API.
     for client in (user, staff_with(django_user_model, "idle-staff", [])):
         resp = client.post(url, body, format="json")
-        assert resp.status_code == 403, resp.content
+        assert_status(resp, 403)
         assert resp.json()["error"] == message
         assert snapshot() == before
     # Staff holding every permission but one of those needed are refused too.
     for missing in perms:
         partial = staff_with(django_user_model, f"without-{missing}", [p for p in perms if p != missing])
-        assert partial.post(url, body, format="json").status_code == 403
+        assert_status(partial.post(url, body, format="json"), 403)
         assert snapshot() == before
     # Exactly the admin's permissions are enough.
     able = staff_with(django_user_model, "able-staff", perms)
@@ -135,7 +136,7 @@ def test_permissions_without_staff_status_are_not_enough(fleet, django_user_mode
     user.user_permissions.set(Permission.objects.filter(codename="change_host"))
     client = client_for(services.create_personal_token("not-staff", acting_user=None)[1])
     before = snapshot()
-    assert client.post("/api/v1/hosts/lock/", {"hostnames": ["a1"]}, format="json").status_code == 403
+    assert_status(client.post("/api/v1/hosts/lock/", {"hostnames": ["a1"]}, format="json"), 403)
     assert snapshot() == before
 
 
@@ -146,7 +147,8 @@ def test_staff_without_permissions_get_no_shard_token(fleet, django_user_model):
     adder = staff_with(django_user_model, "adder", ["add_shard"])
     for client in (idle, adder):
         resp = client.post("/api/v1/shards/", {"hostname": "lab9", "labels": ["board:c"]}, format="json")
-        assert resp.status_code == 403 and "token" not in resp.json()
+        assert_status(resp, 403)
+        assert "token" not in resp.json()
     assert not Token.objects.filter(shard__hostname="lab9").exists()
 
 
@@ -160,16 +162,16 @@ def test_staff_without_permissions_get_no_shard_token(fleet, django_user_model):
 )
 def test_deleting_one_object_needs_the_admins_permission(fleet, user, staff, django_user_model, url, perm):
     before = snapshot()
-    assert user.delete(url).status_code == 403
-    assert staff_with(django_user_model, "idle-staff", []).delete(url).status_code == 403
+    assert_status(user.delete(url), 403)
+    assert_status(staff_with(django_user_model, "idle-staff", []).delete(url), 403)
     assert snapshot() == before
     assert staff_with(django_user_model, "able-staff", [perm]).delete(url).status_code in (200, 204)
-    assert staff.get(url).status_code == 404
+    assert_status(staff.get(url), 404)
 
 
 def test_any_user_creates_jobs_as_themselves(fleet, user):
     resp = user.post("/api/v1/jobs/", {"name": "mine", "command": "true", "meta_hosts": ["board:a"]}, format="json")
-    assert resp.status_code == 201
+    assert_status(resp, 201)
     assert resp.json()["owner"] == "ana"
     assert Job.objects.get().owner == "ana"
 
@@ -177,7 +179,7 @@ def test_any_user_creates_jobs_as_themselves(fleet, user):
 def test_owner_can_abort_their_job(fleet, user):
     job = fleet.job()  # owned by ana
     resp = user.post(f"/api/v1/jobs/{job.id}/abort/")
-    assert resp.status_code == 200
+    assert_status(resp, 200)
     assert resp.json()["aborted"] is True
 
 
@@ -185,10 +187,10 @@ def test_non_owner_non_staff_cannot_abort(fleet, other_user):
     job = fleet.job()
     version = job.version
     resp = other_user.post(f"/api/v1/jobs/{job.id}/abort/")
-    assert resp.status_code == 403
+    assert_status(resp, 403)
     assert resp.json()["error"] == "only the job's owner or staff with the common.change_job permission may abort it"
     resp = other_user.post("/api/v1/jobs/abort/", {"ids": [job.id]}, format="json")
-    assert resp.status_code == 403
+    assert_status(resp, 403)
     assert f"not yours: job {job.id} (owner ana)" in resp.json()["error"]
     job.refresh_from_db()
     assert job.aborted is False and job.version == version
@@ -200,14 +202,14 @@ def test_bulk_abort_is_all_or_nothing_for_permissions(fleet, other_user):
     )
     theirs = fleet.job()
     resp = other_user.post("/api/v1/jobs/abort/", {"ids": [mine.id, theirs.id]}, format="json")
-    assert resp.status_code == 403
+    assert_status(resp, 403)
     assert not Job.objects.filter(aborted=True).exists()
 
 
 def test_staff_can_abort_any_job(fleet, staff):
     job = fleet.job()
     resp = staff.post("/api/v1/jobs/abort/", {"ids": [job.id]}, format="json")
-    assert resp.status_code == 200
+    assert_status(resp, 200)
     assert [j["id"] for j in resp.json()] == [job.id]
     job.refresh_from_db()
     assert job.aborted
@@ -215,10 +217,10 @@ def test_staff_can_abort_any_job(fleet, staff):
 
 def test_session_login_works_for_the_browsable_api(fleet, client, django_user_model):
     django_user_model.objects.create_user("carla", password="secret-pass")
-    assert client.get("/api/v1/auth/login/").status_code == 200
+    assert_status(client.get("/api/v1/auth/login/"), 200)
     assert client.login(username="carla", password="secret-pass")
     resp = client.get("/api/v1/hosts/", HTTP_ACCEPT="text/html")
-    assert resp.status_code == 200
+    assert_status(resp, 200)
     assert b"a1" in resp.content
     assert client.get("/api/v1/hosts/a1/", HTTP_ACCEPT="application/json").json()["hostname"] == "a1"
 
@@ -226,11 +228,11 @@ def test_session_login_works_for_the_browsable_api(fleet, client, django_user_mo
 def test_staff_need_change_job_to_abort_others_jobs(fleet, django_user_model):
     job = fleet.job()  # owned by ana
     idle = staff_with(django_user_model, "idle-staff", [])
-    assert idle.post(f"/api/v1/jobs/{job.id}/abort/").status_code == 403
-    assert idle.post("/api/v1/jobs/abort/", {"ids": [job.id]}, format="json").status_code == 403
+    assert_status(idle.post(f"/api/v1/jobs/{job.id}/abort/"), 403)
+    assert_status(idle.post("/api/v1/jobs/abort/", {"ids": [job.id]}, format="json"), 403)
     job.refresh_from_db()
     assert not job.aborted
     able = staff_with(django_user_model, "able-staff", ["change_job"])
-    assert able.post("/api/v1/jobs/abort/", {"ids": [job.id]}, format="json").status_code == 200
+    assert_status(able.post("/api/v1/jobs/abort/", {"ids": [job.id]}, format="json"), 200)
     job.refresh_from_db()
     assert job.aborted

@@ -8,11 +8,14 @@ from common.models import HostQueueEntry, Job, Label, Shard
 from master import services
 from tests.fleet_state import snapshot
 from tests.master.rows import add_rows
-from tests.support import tokens_just_used
+from tests.support import assert_status, tokens_just_used
 
 DESIGN_FIELDS = {
     "label": {"id", "name", "shard"},
-    "host": {"id", "hostname", "status", "shard", "labels", "locked", "lock_reason", "attributes"},
+    "host": {
+        *("id", "hostname", "status", "shard", "labels", "locked", "lock_reason", "attributes"),
+        *("origin", "discovered_by", "last_seen"),
+    },
     "shard": {"id", "hostname", "labels", "status", "last_heartbeat", "hosts"},
     "job": {"id", "name", "owner", "priority", "status", "shard", "created_on", "hqes"},
     "hqe": {"id", "host", "meta_host", "status", "failure", "exit_code", "started_on", "finished_on"},
@@ -20,7 +23,7 @@ DESIGN_FIELDS = {
 
 
 def results(resp) -> list:
-    assert resp.status_code == 200, resp.content
+    assert_status(resp, 200)
     return resp.json()["results"]
 
 
@@ -57,7 +60,7 @@ def test_a_shard_is_online_after_a_heartbeat(fleet, staff, heartbeat):
 
 def test_shard_create_returns_its_token_once_and_it_heartbeats(fleet, staff, heartbeat):
     resp = staff.post("/api/v1/shards/", {"hostname": "lab3.example.com", "labels": ["board:c"]}, format="json")
-    assert resp.status_code == 201
+    assert_status(resp, 201)
     body = resp.json()
     assert body["hosts"] == ["c1"] and body["labels"] == ["board:c"]
     assert "token" not in staff.get("/api/v1/shards/lab3.example.com/").json()
@@ -129,7 +132,7 @@ def test_job_filters(fleet, staff, user):
 )
 def test_unknown_names_are_404_naming_them(fleet, staff, url, message):
     resp = staff.get(url)
-    assert resp.status_code == 404
+    assert_status(resp, 404)
     assert resp.json()["error"] == message
 
 
@@ -142,7 +145,7 @@ def test_unknown_names_are_404_naming_them(fleet, staff, url, message):
 )
 def test_bad_filters_are_400_naming_them(fleet, staff, url, message):
     resp = staff.get(url)
-    assert resp.status_code == 400
+    assert_status(resp, 400)
     assert resp.json()["error"].startswith(message)
 
 
@@ -284,14 +287,14 @@ def test_list_query_count_is_pinned_and_equal_for_one_object_and_many(staff, dja
 def test_bad_input_is_refused_naming_the_problem_and_changes_nothing(fleet, staff, url, body, status, message):
     before = snapshot()
     resp = staff.post(url, body, format="json")
-    assert resp.status_code == status, resp.content
+    assert_status(resp, status)
     assert resp.json()["error"].startswith(message), resp.json()
     assert snapshot() == before
 
 
 def test_malformed_json_is_a_400(fleet, staff):
     resp = staff.post("/api/v1/labels/", data="{nope", content_type="application/json")
-    assert resp.status_code == 400
+    assert_status(resp, 400)
     assert resp.json()["error"].startswith("JSON parse error")
 
 
@@ -300,7 +303,7 @@ def test_aborting_a_finished_job_is_refused(fleet, staff):
     HostQueueEntry.objects.filter(job=job).update(status=HQEStatus.COMPLETED)
     refresh_job_statuses([job.id])
     resp = staff.post(f"/api/v1/jobs/{job.id}/abort/")
-    assert resp.status_code == 409
+    assert_status(resp, 409)
     assert resp.json()["error"] == f"job {job.id} (Completed) already finished"
     assert not Job.objects.get(id=job.id).aborted
 
@@ -317,7 +320,7 @@ def test_job_create_returns_the_routed_job(fleet, staff):
         "max_runtime_mins": 5,
     }
     resp = staff.post("/api/v1/jobs/", body, format="json")
-    assert resp.status_code == 201
+    assert_status(resp, 201)
     job = resp.json()
     assert (job["shard"], job["priority"], job["owner"], job["status"]) == ("lab1", 70, "boss", "Queued")
     assert [h["meta_host"] for h in job["hqes"]] == ["wifi", "wifi"]
@@ -326,15 +329,16 @@ def test_job_create_returns_the_routed_job(fleet, staff):
 
 def test_delete_one_label_and_host(fleet, staff):
     resp = staff.delete("/api/v1/labels/pool:x/")
-    assert resp.status_code == 200 and resp.json() == {"deleted": ["pool:x"], "hosts_moved": []}
-    assert staff.delete("/api/v1/hosts/c1/").status_code == 204
+    assert_status(resp, 200)
+    assert resp.json() == {"deleted": ["pool:x"], "hosts_moved": []}
+    assert_status(staff.delete("/api/v1/hosts/c1/"), 204)
     assert not Label.objects.filter(name="pool:x").exists()
-    assert staff.get("/api/v1/hosts/c1/").status_code == 404
+    assert_status(staff.get("/api/v1/hosts/c1/"), 404)
 
 
 def test_a_shard_with_the_longest_hostname_gets_its_token(fleet, staff):
     resp = staff.post("/api/v1/shards/", {"hostname": "s" * 255}, format="json")
-    assert resp.status_code == 201, resp.content
+    assert_status(resp, 201)
     assert resp.json()["token"]
 
 
@@ -344,7 +348,8 @@ def test_a_shard_with_the_longest_hostname_gets_its_token(fleet, staff):
 def test_moves_are_reported_by_every_change_that_moves_hosts(fleet, staff):
     moved = lambda resp: [(m["hostname"], m["from_shard"], m["to_shard"]) for m in resp.json()["hosts_moved"]]  # noqa: E731
     resp = staff.post("/api/v1/labels/board:a/remove_hosts/", {"hosts": ["a3"]}, format="json")
-    assert resp.status_code == 200 and moved(resp) == [("a3", "lab1", None)]
+    assert_status(resp, 200)
+    assert moved(resp) == [("a3", "lab1", None)]
     assert [h["hostname"] for h in resp.json()["hosts"]] == ["a3"] and resp.json()["label"] == "board:a"
     resp = staff.post("/api/v1/labels/board:a/add_hosts/", {"hosts": ["a3"]}, format="json")
     assert moved(resp) == [("a3", None, "lab1")]
@@ -361,4 +366,5 @@ def test_moves_are_reported_by_every_change_that_moves_hosts(fleet, staff):
         "jobs_aborted": [job.id],
     }
     resp = staff.post("/api/v1/labels/delete/", {"names": ["wifi", "board:a"]}, format="json")
-    assert resp.status_code == 200 and moved(resp) == [("a1", "lab1", None), ("a2", "lab1", None), ("a3", "lab1", None)]
+    assert_status(resp, 200)
+    assert moved(resp) == [("a1", "lab1", None), ("a2", "lab1", None), ("a3", "lab1", None)]

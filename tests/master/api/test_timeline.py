@@ -5,19 +5,22 @@ import json
 
 import pytest
 
-from master.timeline.validate import validate
-from tests.master.timeline.factories import add_run, add_state
+from common.models import Host
+from tests.master.timeline.factories import add_run, add_state, at
+from tests.master.timeline.validate import validate
+from tests.support import assert_status
 
 
 @pytest.fixture
 def hour(fleet):
+    Host.objects.update(created_on=at(-86400))  # made now, their history is older: they existed then
     add_run("a1", 0, 600, created=0, name="ok")
     add_state("a1", "Cleaning", 600, 660)
     return add_run("b1", 100, 200, created=50, name="other")
 
 
 def _body(resp):
-    assert resp.status_code == 200
+    assert_status(resp, 200)
     return b"".join(resp.streaming_content)
 
 
@@ -55,21 +58,22 @@ def test_export_gzipped_on_request(user, hour):
 def test_bad_filters_are_named(user, fleet, query, status, message):
     for path in ("export", "stats"):
         resp = user.get(f"/api/v1/timeline/{path}?{query}")
-        assert resp.status_code == status, resp.content
+        assert_status(resp, status)
         assert message in resp.json()["error"]
 
 
 def test_stats_by_host_and_shard(user, hour):
     rows = user.get("/api/v1/timeline/stats", {"since": "2026-11-23T00:00:00Z", "until": "2026-11-23T01:00:00Z"})
-    assert rows.status_code == 200
+    assert_status(rows, 200)
     a1 = next(r for r in rows.json() if r["key"] == "a1")
     assert (a1["running_s"], a1["cleaning_s"], a1["runs"], a1["idle_s"]) == (600.0, 60.0, 1, 2940.0)
     shards = user.get("/api/v1/timeline/stats?by=shard&since=2026-11-23T00:00:00Z&until=2026-11-23T01:00:00Z")
     assert [(r["key"], r["runs"], r["hosts"]) for r in shards.json()] == [("lab1", 1, 3), ("lab2", 1, 1)]
     bad = user.get("/api/v1/timeline/stats?by=job")
-    assert bad.status_code == 400 and "invalid by 'job'" in bad.json()["error"]
+    assert_status(bad, 400)
+    assert "invalid by 'job'" in bad.json()["error"]
 
 
 def test_a_token_is_needed(anonymous, fleet):
-    assert anonymous.get("/api/v1/timeline/export").status_code == 401
-    assert anonymous.get("/api/v1/timeline/stats").status_code == 401
+    assert_status(anonymous.get("/api/v1/timeline/export"), 401)
+    assert_status(anonymous.get("/api/v1/timeline/stats"), 401)

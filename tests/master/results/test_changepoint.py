@@ -1,5 +1,5 @@
 """The regression detector on series whose truth is known, and a short run of bench/regressions.py's
-corpus against the Perfherder-style baseline (the full run is the README's table)."""
+corpus against the Perfherder-style baseline (the full run is docs/benchmarks.md's table)."""
 
 import importlib.util
 import time
@@ -197,3 +197,56 @@ def test_short_corpus_meets_the_targets_loosely_and_beats_the_baseline(bench):
     assert sum(ours.location[k] for k in both) <= sum(baseline.location[k] for k in both) + 1
     table = bench.table({"fleetshard": ours, "baseline": baseline}, 60, 60)
     assert "| recall, steps 5-20% (target >= 90%) |" in table
+
+
+def _shown(values: list[float], near: int) -> list[changepoint.Step]:
+    return [s for s in regressions(values) if abs(s.index - near) <= changepoint.SAME_STEP]
+
+
+def test_a_large_step_is_worth_notifying_once_notify_after_points_are_slow():
+    series = noisy([(40, 1.0), (30, 1.3)], noise=0.02, seed=1)
+    first = next(end for end in range(41, 71) if _shown(series[:end], 40))
+    assert first - 40 < changepoint.NOTIFY_AFTER
+    for end in range(first, 40 + changepoint.NOTIFY_AFTER):
+        (step,) = _shown(series[:end], 40)
+        assert abs(step.score) >= changepoint.NOTIFY_SCORE and not changepoint.worth_notifying(series[:end], step)
+    end = 40 + changepoint.NOTIFY_AFTER
+    (step,) = _shown(series[:end], 40)
+    assert changepoint.worth_notifying(series[:end], step)
+
+
+def test_a_smaller_step_is_worth_notifying_once_it_has_held_on_the_detectors_last_runs():
+    """8% on 6% noise: its z stays under NOTIFY_SCORE; it is confirmed at the first upload after which
+    the detector showed it with NOTIFY_HELD_SCORE on NOTIFY_HELD runs in a row, not one before."""
+    rng = np.random.default_rng(3)
+    series = list((1 + 0.06 * rng.standard_normal(80)) * np.r_[np.ones(40), np.full(40, 1.08)])
+    confirmed = [
+        end
+        for end in range(41, 81)
+        if any(changepoint.worth_notifying(series[:end], s) for s in _shown(series[:end], 40))
+    ]
+    end = confirmed[0]
+    (step,) = _shown(series[:end], 40)
+    assert changepoint.NOTIFY_HELD_SCORE <= abs(step.score) < changepoint.NOTIFY_SCORE
+    held = [end - k for k in range(changepoint.NOTIFY_HELD)]
+    assert all(any(abs(s.score) >= changepoint.NOTIFY_HELD_SCORE for s in _shown(series[:e], 40)) for e in held)
+    before = [s for s in _shown(series[: end - 1], 40) if abs(s.score) >= changepoint.NOTIFY_HELD_SCORE]
+    assert before and end - 1 - before[0].index >= changepoint.NOTIFY_AFTER  # held one run too few
+    assert not changepoint.worth_notifying(series[: end - 1], before[0])
+    # Held on one run fewer: one of the detector's last NOTIFY_HELD runs on the series before did not show it.
+    shorter = end - changepoint.NOTIFY_HELD
+    assert not any(abs(s.score) >= changepoint.NOTIFY_HELD_SCORE for s in _shown(series[:shorter], 40))
+
+
+def test_a_step_down_is_never_worth_notifying():
+    series = noisy([(40, 1.3), (30, 1.0)], noise=0.02, seed=1)
+    (step,) = detect_steps(series)
+    assert not step.is_regression and abs(step.score) >= changepoint.NOTIFY_SCORE
+    assert not changepoint.worth_notifying(series, step)
+
+
+def test_the_bench_measures_notifications_with_the_masters_rule(bench):
+    series = bench.corpus(seed=2, flat=40, stepped=40)
+    alarms, delay, share = bench.notified(series)
+    assert alarms <= 0.05 and share >= 0.7
+    assert delay is not None and changepoint.NOTIFY_AFTER <= delay <= 15

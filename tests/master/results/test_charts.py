@@ -16,6 +16,7 @@ from master.results.charts import seconds
 from master.results.detection import drain
 from master.results.ingest import store_result_file
 from tests.master.results.factories import hour, stepped, tf_file
+from tests.support import assert_status
 
 HOSTILE = "<script>alert('x')</script>&\"q\" /../?a=1#f"
 
@@ -92,9 +93,10 @@ def test_tests_then_entries_then_a_chart_with_two_boards_and_the_regression(two_
 def test_the_vendored_chart_library_is_served_by_the_static_files(operator, live_server):
     import requests
 
-    js = requests.get(live_server.url + "/static/master/vendor/uplot/uPlot.iife.min.js", timeout=10)
-    assert js.status_code == 200 and js.text.startswith("/*! https://github.com/leeoniya/uPlot (v1.6.32) */")
-    assert requests.get(live_server.url + "/static/master/vendor/uplot/uPlot.min.css", timeout=10).status_code == 200
+    js = requests.get(live_server.url + "/static/master/vendor/uplot/uPlot.iife.min.js", timeout=60)
+    assert_status(js, 200)
+    assert js.text.startswith("/*! https://github.com/leeoniya/uPlot (v1.6.32) */")
+    assert_status(requests.get(live_server.url + "/static/master/vendor/uplot/uPlot.min.css", timeout=60), 200)
 
 
 def test_an_upload_without_a_job_has_no_link_and_no_board(operator):
@@ -124,14 +126,14 @@ def test_hostile_names_are_escaped_on_every_page(operator):
 
 def test_missing_names_are_400_and_unknown_ones_404(operator):
     store_result_file(tf_file("t", hour(0), {"e": 1.0}), "t.json", acting_user=None)
-    assert operator.get("/admin/benchmarks/entries/").status_code == 400
+    assert_status(operator.get("/admin/benchmarks/entries/"), 400)
     missing = operator.get("/admin/benchmarks/chart/?test=t")
     assert (missing.status_code, missing.content.decode()) == (
         400,
         "missing query parameter entry: name the test (and entry) to show",
     )
-    assert operator.get("/admin/benchmarks/entries/?test=nope").status_code == 404
-    assert operator.get("/admin/benchmarks/chart/?test=t&entry=nope").status_code == 404
+    assert_status(operator.get("/admin/benchmarks/entries/?test=nope"), 404)
+    assert_status(operator.get("/admin/benchmarks/chart/?test=t&entry=nope"), 404)
 
 
 @pytest.mark.parametrize(
@@ -140,7 +142,7 @@ def test_missing_names_are_400_and_unknown_ones_404(operator):
 def test_pages_are_for_staff_with_the_results_view_right(db, path):
     store_result_file(tf_file("t", hour(0), {"e": 1.0}), "t.json", acting_user=None)
     anonymous = Client()
-    assert anonymous.get(path).status_code == 302
+    assert_status(anonymous.get(path), 302)
     person = Client()
     person.force_login(User.objects.create_user("ana", "ana@example.com", "pw"))
     resp = person.get(path)
@@ -148,10 +150,10 @@ def test_pages_are_for_staff_with_the_results_view_right(db, path):
     staff = Client()
     clerk = User.objects.create_user("clerk", "clerk@example.com", "pw", is_staff=True)
     staff.force_login(clerk)
-    assert staff.get(path).status_code == 403
+    assert_status(staff.get(path), 403)
     assert "fs-benchmarks-link" not in staff.get("/admin/").content.decode()
     clerk.user_permissions.add(Permission.objects.get(codename="view_testrun"))
-    assert staff.get(path).status_code == 200
+    assert_status(staff.get(path), 200)
     assert "fs-benchmarks-link" in staff.get("/admin/").content.decode()
 
 
@@ -179,7 +181,7 @@ def test_run_and_regression_pages_link_to_the_charts(two_boards, operator):
 def test_query_counts_are_pinned(fleet, two_boards, operator, django_assert_num_queries, path, expected):
     operator.get(path)  # warm the content types and permissions caches
     with django_assert_num_queries(expected):
-        assert operator.get(path).status_code == 200
+        assert_status(operator.get(path), 200)
     # More runs and regressions cost nothing more.
     on_a2 = hqe_on(fleet, "a2")
     for i in range(5):
@@ -188,7 +190,7 @@ def test_query_counts_are_pinned(fleet, two_boards, operator, django_assert_num_
         test="nightly", entry="BM_copy", label="board:b", start=hour(7), before_s=1, after_s=2, change_pct=100
     )
     with django_assert_num_queries(expected):
-        assert operator.get(path).status_code == 200
+        assert_status(operator.get(path), 200)
 
 
 @pytest.mark.parametrize(

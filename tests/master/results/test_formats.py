@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.constants import MAX_RESULT_FILE_BYTES
-from master.results.formats import MAX_ENTRIES, ParsedEntry, ResultFormatError, parse_result_file
+from common.result_formats import MAX_ENTRIES, ParsedEntry, ResultFormatError, parse_result_file
 
 # As tensorflow/tools/test/run_and_gather_logs writes it (proto-JSON: int64 as strings).
 TF_SAMPLE = {
@@ -253,7 +253,7 @@ def entry(**fields: object) -> dict:
         (entry(name="e", extras={"k": {"doubleValue": "x"}}), "entries.entry[1].extras.k.doubleValue: not a number"),
         (entry(name="e", extras={"k": {"stringValue": 5}}), "entries.entry[1].extras.k.stringValue: expected a string"),
         (entry(name="e", extras={"k": {"intValue": 5}}), 'entries.entry[1].extras.k: expected {"doubleValue": x}'),
-        (entry(name="e", extras={"\x00": {"doubleValue": 1}}), "extras.\x00: contains NUL or a lone surrogate"),
+        (entry(name="e", extras={"\x00": {"doubleValue": 1}}), "extras.\ufffd: contains NUL or a lone surrogate"),
         (
             entry(name="e", extras={f"k{i}": {"doubleValue": i} for i in range(101)}),
             "results.json: entries.entry[1].extras.k100: at most 100 extras per entry",

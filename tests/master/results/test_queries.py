@@ -13,7 +13,7 @@ from master.results.changepoint import MAX_CHANGE_PCT
 from master.results.detection import drain
 from master.results.ingest import store_result_file
 from tests.master.results.factories import hour, stepped, tf_file
-from tests.support import tokens_just_used
+from tests.support import assert_status, tokens_just_used
 
 
 def store(test, start, timings, **kwargs):
@@ -21,7 +21,7 @@ def store(test, start, timings, **kwargs):
 
 
 def results(resp):
-    assert resp.status_code == 200, resp.content
+    assert_status(resp, 200)
     return resp.json()["results"]
 
 
@@ -96,7 +96,8 @@ def test_since_takes_an_age(fleet, staff):
 )
 def test_bad_query_parameters_are_400_naming_them(fleet, staff, url, message):
     resp = staff.get(url)
-    assert resp.status_code == 400 and message in resp.json()["error"], resp.content
+    assert_status(resp, 400)
+    assert message in resp.json()["error"], resp.content
 
 
 def make_regression():
@@ -131,7 +132,8 @@ def test_regressions_list_filters_and_status_change(fleet, staff):
     assert results(staff.get("/api/v1/results/regressions/?status=fixed")) == []
     assert results(staff.get("/api/v1/results/regressions/?test=u")) == []
     resp = staff.patch(f"/api/v1/results/regressions/{reg.id}/", {"status": "acknowledged"}, format="json")
-    assert resp.status_code == 200 and resp.json()["status"] == "acknowledged"
+    assert_status(resp, 200)
+    assert resp.json()["status"] == "acknowledged"
     record = AuditRecord.objects.get(action="regression.set_status")
     assert (record.actor, record.details["to"]) == ("boss", "acknowledged")
 
@@ -139,10 +141,11 @@ def test_regressions_list_filters_and_status_change(fleet, staff):
 def test_a_regressions_status_needs_the_change_permission(fleet, user, staff):
     reg = make_regression()
     resp = user.patch(f"/api/v1/results/regressions/{reg.id}/", {"status": "invalid"}, format="json")
-    assert resp.status_code == 403 and "master.change_regression" in resp.json()["error"]
+    assert_status(resp, 403)
+    assert "master.change_regression" in resp.json()["error"]
     bad = staff.patch(f"/api/v1/results/regressions/{reg.id}/", {"status": "gone"}, format="json")
-    assert bad.status_code == 400
-    assert staff.patch("/api/v1/results/regressions/999999/", {"status": "new"}, format="json").status_code == 404
+    assert_status(bad, 400)
+    assert_status(staff.patch("/api/v1/results/regressions/999999/", {"status": "new"}, format="json"), 404)
     reg.refresh_from_db()
     assert reg.status == "new"
 

@@ -12,7 +12,7 @@ from master import services
 from master.models import AuditRecord, DirtySeries, RejectedResult, TestEntry, TestRun
 from tests.master.api.conftest import client_for
 from tests.master.results.test_formats import GB_SAMPLE, TF_SAMPLE
-from tests.support import tokens_just_used
+from tests.support import assert_status, tokens_just_used
 
 URL = "/api/v1/results/upload"
 
@@ -25,7 +25,7 @@ def upload(client, data, name="bench.json", **params):
 
 def test_a_person_uploads_both_formats_and_the_upload_is_audited(fleet, staff):
     tf = upload(staff, TF_SAMPLE, name="tf.json")
-    assert tf.status_code == 201, tf.content
+    assert_status(tf, 201)
     run = tf.json()["run"]
     assert tf.json()["created"] is True
     assert {k: run[k] for k in ("test", "job", "hqe", "host", "shard", "entries")} == {
@@ -38,7 +38,7 @@ def test_a_person_uploads_both_formats_and_the_upload_is_audited(fleet, staff):
     }
     assert run["start"] == "2023-11-14T22:13:20Z"
     gb = upload(staff, GB_SAMPLE, name="gb.json")
-    assert gb.status_code == 201, gb.content
+    assert_status(gb, 201)
     assert gb.json()["run"]["test"] == "string_bench"
     stored = TestRun.objects.get(id=run["id"])
     assert stored.uploaded_by.username == "boss"
@@ -63,17 +63,19 @@ def test_results_of_an_hqe_whose_host_the_master_has_not_heard_wait_for_the_hear
     shard_hqe.host = None
     shard_hqe.save(update_fields=["host"])
     resp = upload(client_for(fleet.token1), TF_SAMPLE, hqe=shard_hqe.id)
-    assert resp.status_code == 409 and "has no host on the master yet" in resp.json()["error"]
+    assert_status(resp, 409)
+    assert "has no host on the master yet" in resp.json()["error"]
     assert not TestRun.objects.exists() and not RejectedResult.objects.exists()
     shard_hqe.host = services.get_hosts(["a1"])[0]
     shard_hqe.save(update_fields=["host"])
     resp = upload(client_for(fleet.token1), TF_SAMPLE, hqe=shard_hqe.id)
-    assert resp.status_code == 201 and resp.json()["run"]["host"] == "a1"
+    assert_status(resp, 201)
+    assert resp.json()["run"]["host"] == "a1"
 
 
 def test_a_shard_attaches_results_to_its_own_hqe(fleet, shard_hqe):
     resp = upload(client_for(fleet.token1), TF_SAMPLE, hqe=shard_hqe.id)
-    assert resp.status_code == 201, resp.content
+    assert_status(resp, 201)
     run = resp.json()["run"]
     assert (run["job"], run["hqe"], run["host"], run["shard"]) == (shard_hqe.job_id, shard_hqe.id, "a1", "lab1")
     stored = TestRun.objects.get(id=run["id"])
@@ -84,26 +86,26 @@ def test_a_shard_attaches_results_to_its_own_hqe(fleet, shard_hqe):
 
 def test_a_shard_cannot_attach_results_to_another_shards_hqe(fleet, shard_hqe):
     resp = upload(client_for(fleet.token2), TF_SAMPLE, hqe=shard_hqe.id)
-    assert resp.status_code == 403
+    assert_status(resp, 403)
     message = f"hqe: HQE {shard_hqe.id} is not of a job on shard lab2"
     assert resp.json() == {"error": message, "detail": {"field": "hqe"}}
-    assert upload(client_for(fleet.token2), TF_SAMPLE, hqe=10**9).status_code == 404
+    assert_status(upload(client_for(fleet.token2), TF_SAMPLE, hqe=10**9), 404)
     assert not TestRun.objects.exists()
 
 
 def test_a_person_cannot_pass_an_hqe(fleet, staff, shard_hqe):
     resp = upload(staff, TF_SAMPLE, hqe=shard_hqe.id)
-    assert resp.status_code == 400
+    assert_status(resp, 400)
     assert resp.json()["detail"] == {"field": "hqe"}
     assert not TestRun.objects.exists()
 
 
 def test_people_need_the_add_permission_or_staff(fleet, user):
     resp = upload(user, TF_SAMPLE)
-    assert resp.status_code == 403
+    assert_status(resp, 403)
     assert "master.add_testrun" in resp.json()["error"]
-    assert upload(client_for(None), TF_SAMPLE).status_code == 401
-    assert upload(client_for("fs_nope"), TF_SAMPLE).status_code == 401
+    assert_status(upload(client_for(None), TF_SAMPLE), 401)
+    assert_status(upload(client_for("fs_nope"), TF_SAMPLE), 401)
     assert not TestRun.objects.exists()
 
 
@@ -112,7 +114,7 @@ def test_a_malformed_file_is_400_naming_it_and_a_shards_rejection_is_recorded_on
     shard = client_for(fleet.token1)
     for _ in range(2):
         resp = upload(shard, bad, name="broken.json", hqe=shard_hqe.id)
-        assert resp.status_code == 400
+        assert_status(resp, 400)
         assert resp.json()["error"].startswith("broken.json: startTime: ")
     (rejection,) = RejectedResult.objects.all()
     assert (rejection.hqe_id, rejection.name, rejection.reason) == (shard_hqe.id, "broken.json", resp.json()["error"])
@@ -121,7 +123,8 @@ def test_a_malformed_file_is_400_naming_it_and_a_shards_rejection_is_recorded_on
 
 def test_a_malformed_upload_by_a_person_records_nothing(fleet, staff):
     resp = upload(staff, b"{not json", name="x.json")
-    assert resp.status_code == 400 and resp.json()["error"].startswith("x.json: ")
+    assert_status(resp, 400)
+    assert resp.json()["error"].startswith("x.json: ")
     assert not RejectedResult.objects.exists() and not AuditRecord.objects.filter(action="result.upload").exists()
 
 
@@ -129,18 +132,19 @@ def test_a_file_over_the_bound_is_413(fleet):
     # Django's own test client: the schema checker would read the refused body after the view.
     token = services.create_personal_token("boss", admin=True, acting_user=None)[1]
     resp = upload(Client(HTTP_AUTHORIZATION=f"Bearer {token}"), b" " * (MAX_RESULT_FILE_BYTES + 1))
-    assert resp.status_code == 413
+    assert_status(resp, 413)
     assert resp.json()["detail"] == {"field": "body"}
 
 
 def test_a_file_over_djangos_10_mib_but_within_the_bound_is_stored(fleet, staff):
     body = json.dumps(TF_SAMPLE).encode() + b" " * (11 * 1024 * 1024)
-    assert upload(staff, body).status_code == 201
+    assert_status(upload(staff, body), 201)
 
 
 def test_the_name_is_required(fleet, staff):
     resp = staff.post(URL, data=json.dumps(TF_SAMPLE), content_type="application/json")
-    assert resp.status_code == 400 and resp.json()["detail"] == {"field": "name"}
+    assert_status(resp, 400)
+    assert resp.json()["detail"] == {"field": "name"}
 
 
 def test_job_detail_lists_each_hqes_quarantined_files_and_results(fleet, shard_hqe, staff):
@@ -149,6 +153,14 @@ def test_job_detail_lists_each_hqes_quarantined_files_and_results(fleet, shard_h
     upload(shard, TF_SAMPLE, hqe=shard_hqe.id)
     (hqe,) = staff.get(f"/api/v1/jobs/{shard_hqe.job_id}/").json()["hqes"]
     assert hqe["results"] == 1
+    assert hqe["result_tests"] == [
+        {
+            "test": "adjust_contrast_benchmark",
+            "runs": 1,
+            "entries": 2,
+            "chart": "/admin/benchmarks/entries/?test=adjust_contrast_benchmark",
+        }
+    ]
     assert hqe["quarantined"] == [{"name": "broken.json", "reason": RejectedResult.objects.get().reason}]
 
 
@@ -186,12 +198,35 @@ def test_upload_query_counts_are_pinned_whatever_the_number_of_entries(
     tokens_just_used()
     # token; BEGIN, savepoint, run, release; entries; dirty series; audit record and target; COMMIT
     with django_assert_num_queries(10):
-        assert upload(staff, doc).status_code == 201
+        assert_status(upload(staff, doc), 201)
     # the same file again: token; BEGIN, savepoint, run refused, rollback and release, the stored run; COMMIT
     with django_assert_num_queries(8):
-        assert upload(staff, doc).status_code == 200
-    # a shard's: token, HQE; BEGIN, host labels, savepoint, run, release; entries; dirty series; COMMIT
-    with django_assert_num_queries(10):
-        assert upload(client_for(fleet.token1), {**doc, "startTime": "1700000001"}, hqe=shard_hqe.id).status_code == 201
+        assert_status(upload(staff, doc), 200)
+    # a shard's: token, HQE; BEGIN, the HQE held, host labels, savepoint, run, release; entries; dirty series;
+    # COMMIT
+    with django_assert_num_queries(11):
+        assert_status(upload(client_for(fleet.token1), {**doc, "startTime": "1700000001"}, hqe=shard_hqe.id), 201)
     assert TestEntry.objects.count() == 2 * entries
     assert DirtySeries.objects.count() == 2 * entries  # one series per entry and board label
+
+
+def test_a_shards_file_tagged_outside_its_jobs_ab_plan_is_refused_and_recorded(fleet, shard_hqe):
+    """The tags come from the file's name, which the job chose: a plain job's `ab-1-x--a.json`, or an A/B
+    job's variant or repeat its plan never had, are refused (the shard quarantines them), not stored."""
+    from common.ab import make_plan
+
+    shard = client_for(fleet.token1)
+    resp = upload(shard, TF_SAMPLE, name="ab-1-x--a.json", hqe=shard_hqe.id, variant="x", repeat=1)
+    assert_status(resp, 400)
+    assert "is no A/B job" in resp.json()["error"] and resp.json()["detail"]["field"] == "variant"
+    ab = fleet.job("ab", ab=make_plan(["control", "treatment"], 3))
+    hqe = ab.hqes.get()
+    hqe.host = shard_hqe.host
+    hqe.save(update_fields=["host"])
+    for variant, repeat, words in (("evil", 1, "'evil' is not a variant of job"), ("control", 4, "at most 3 repeats")):
+        resp = upload(shard, TF_SAMPLE, name=f"{variant}.json", hqe=hqe.id, variant=variant, repeat=repeat)
+        assert_status(resp, 400)
+        assert words in resp.json()["error"]
+    assert not TestRun.objects.exists()
+    assert RejectedResult.objects.count() == 3
+    assert_status(upload(shard, TF_SAMPLE, name="t.json", hqe=hqe.id, variant="treatment", repeat=3), 201)

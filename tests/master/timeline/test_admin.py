@@ -2,16 +2,18 @@
 
 import gzip
 import json
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
+from common.models import Host
 from master.timeline.models import Interval
-from master.timeline.validate import validate
 from tests.master.test_admin_queries import OVERVIEW_QUERIES
 from tests.master.timeline.factories import T0, add_run, add_state
+from tests.master.timeline.validate import validate
 
 
 @pytest.fixture
@@ -28,6 +30,7 @@ def _recent(hostname, ago, length, **kw):
 
 
 def test_overview_shows_each_shards_utilisation_in_pinned_queries(fleet, staff, django_assert_num_queries):
+    Host.objects.update(created_on=timezone.now() - timedelta(days=2))  # older than the day the overview shows
     _recent("a1", 7200, 3600)
     staff.get("/admin/fleet/")
     with django_assert_num_queries(OVERVIEW_QUERIES):

@@ -1,4 +1,4 @@
-"""The trace as DESIGN.md ("Timelines") says: a process per shard, a thread per host, a slice per
+"""The trace as docs/design.md ("Timelines") says: a process per shard, a thread per host, a slice per
 interval with its job's args, counters of queued and running HQEs; streamed, gzipped for .gz."""
 
 import gzip
@@ -13,8 +13,8 @@ from common.models import HostQueueEntry
 from master.timeline import export
 from master.timeline.export import FLUSH_CHARS, trace_chunks, trace_events, us, write_trace
 from master.timeline.query import scope
-from master.timeline.validate import validate
 from tests.master.timeline.factories import add_run, add_state, at, host
+from tests.master.timeline.validate import validate
 
 NOW = at(3600)
 

@@ -12,9 +12,10 @@ from master.timeline.export import trace_chunks
 from master.timeline.jobtrace import MAX_TRACE_BYTES, MAX_TRACE_EVENTS, TraceRejected, sanitised
 from master.timeline.models import RunTrace
 from master.timeline.query import scope
-from master.timeline.validate import validate
 from tests.master.api.conftest import client_for
 from tests.master.timeline.factories import add_run, add_state, at
+from tests.master.timeline.validate import validate
+from tests.support import assert_status
 
 URL = "/api/v1/timeline/trace"
 
@@ -110,18 +111,21 @@ def test_a_shard_uploads_its_hqes_trace_once_and_nothing_else_gets_in(fleet):
     run = add_run("a1", 0, 60)
     shard, other = client_for(fleet.token1), client_for(fleet.token2)
     first = post(shard, run.hqe_id, [x("step", 5, 10), {"ph": "C", "ts": 1}])
-    assert first.status_code == 201 and first.json() == {"created": True, "events": 1, "dropped": 1}
+    assert_status(first, 201)
+    assert first.json() == {"created": True, "events": 1, "dropped": 1}
     again = post(shard, run.hqe_id, [x("other", 0, 1)])
-    assert again.status_code == 200 and again.json()["created"] is False
+    assert_status(again, 200)
+    assert again.json()["created"] is False
     assert RunTrace.objects.get().events == [["step", "", 0, 10]]
-    assert post(other, run.hqe_id, [x("e", 0, 1)]).status_code == 403
+    assert_status(post(other, run.hqe_id, [x("e", 0, 1)]), 403)
     assert post(shard, 10**9, [x("e", 0, 1)]).json()["detail"]["field"] == "hqe"
     second = add_run("a2", 0, 60)
     refused = post(shard, second.hqe_id, b"not json")
-    assert refused.status_code == 400 and refused.json()["error"].startswith("trace.json: not a Chrome trace")
-    assert post(shard, second.hqe_id, b" " * (MAX_TRACE_BYTES + 1)).status_code == 413
+    assert_status(refused, 400)
+    assert refused.json()["error"].startswith("trace.json: not a Chrome trace")
+    assert_status(post(shard, second.hqe_id, b" " * (MAX_TRACE_BYTES + 1)), 413)
     person = client_for(services.create_personal_token("boss", admin=True, acting_user=None)[1])
-    assert post(person, second.hqe_id, [x("e", 0, 1)]).status_code == 403
+    assert_status(post(person, second.hqe_id, [x("e", 0, 1)]), 403)
     assert RunTrace.objects.count() == 1
 
 

@@ -12,7 +12,7 @@ from common.errors import FleetshardError, NotFound
 from common.models import Host, HostQueueEntry
 from master.timeline.models import Interval, IntervalKind
 from master.timeline.recording import record_host_status
-from tests.master.test_heartbeat import update
+from tests.master.sync.test_heartbeat import update
 from tests.master.timeline.factories import T0, add_run, at, host
 
 STARTED = "2026-11-23T00:00:10Z"
@@ -263,3 +263,76 @@ def test_a_heartbeat_of_a_thousand_events_on_a_thousand_hosts_is_recorded(fleet,
     events = [event(1001 + i, h.id, "Ready", 60) for i, h in enumerate(hosts)]
     heartbeat(fleet.lab1, fleet.token1, host_events=events)
     assert set(Interval.objects.values_list("end", flat=True)) == {at(60)}
+
+
+def test_host_events_older_than_the_window_are_rejected_with_the_reason_and_touch_no_interval(
+    fleet, heartbeat, settings
+):
+    """A shard whose clock started in 2001 (the wire refuses years before 2000) replays 999 events: each
+    is refused with its reason, the host's history is unchanged, and an event inside the window is taken."""
+    from datetime import UTC, datetime
+
+    from django.utils import timezone
+
+    settings.FLEETSHARD_HOST_EVENT_MAX_AGE_DAYS = 7.0
+    a1 = host("a1")
+    now = timezone.now().replace(microsecond=0)
+    for n in range(20):
+        record_host_status(a1, HostStatus.CLEANING, now - timedelta(days=3, seconds=100 - n * 4), shard=fleet.lab1)
+        record_host_status(a1, HostStatus.READY, now - timedelta(days=3, seconds=98 - n * 4), shard=fleet.lab1)
+    before = _states()
+    epoch = datetime(2001, 1, 1, tzinfo=UTC)
+    stale = [
+        {
+            "seq": n + 1,
+            "host": a1.id,
+            "status": ("Cleaning", "Ready")[n % 2],
+            "at": (epoch + timedelta(seconds=n)).isoformat(),
+        }
+        for n in range(999)
+    ]
+    fresh = now - timedelta(days=6)
+    stale.append({"seq": 1000, "host": a1.id, "status": "Repairing", "at": fresh.isoformat()})
+    acks = heartbeat(fleet.lab1, fleet.token1, host_events=stale)["acks"]
+    assert [a["result"] for a in acks] == ["rejected"] * 999 + ["accepted"]
+    assert acks[0]["error"] == "at: 2001-01-01T00:00:00Z is more than 7 days behind the master's clock"
+    assert _states() == [("Repairing", fresh, before[0][1]), *before]
+
+
+def test_a_shard_clock_stepping_back_closes_the_cleaning_it_left_open(fleet, heartbeat):
+    """Cleaning at T, then the clock steps back an hour and the host is Ready: the shard never dates an
+    event before the last one, so Ready ends the Cleaning (at T) instead of leaving it open for an hour."""
+    from django.db import transaction
+    from django.utils import timezone
+
+    from shard.outbox import enqueue_host_event, pending_host_events
+
+    a1 = host("a1")
+    t = timezone.now().replace(microsecond=0)
+    with transaction.atomic():
+        enqueue_host_event(a1.id, "Cleaning", at=t)
+    with transaction.atomic():
+        enqueue_host_event(a1.id, "Ready", at=t - timedelta(hours=1))
+    events = pending_host_events(10)
+    assert [e["at"] for e in events] == [events[0]["at"]] * 2
+    acks = heartbeat(fleet.lab1, fleet.token1, host_events=events)["acks"]
+    assert [a["result"] for a in acks] == ["accepted", "accepted"]
+    assert Interval.objects.filter(host=a1, end__isnull=True).count() == 0
+    with transaction.atomic():
+        enqueue_host_event(a1.id, "Repairing", at=t - timedelta(minutes=30))
+    assert pending_host_events(10)[-1]["at"] == events[0]["at"], "the clock is still behind the last event"
+
+
+def test_the_master_does_not_reorder_a_shards_events_by_seq(fleet, heartbeat):
+    """Pinned (docs/protocol.md, "Host events"): a Ready dated before the open Cleaning, sent as is by a
+    shard that does not keep its event times monotone, leaves the Cleaning open. The master cannot tell
+    it from a resent duplicate (Cleaning 0-30, then Repairing from 40, resent: the Ready at 30 must
+    not end the Repairing), so it keeps the time order the events say."""
+    a1 = host("a1")
+    heartbeat(fleet.lab1, fleet.token1, host_events=[event(1, a1.id, "Cleaning", 3600), event(2, a1.id, "Ready", 60)])
+    assert _states() == [("Cleaning", at(3600), None)]
+    Interval.objects.all().delete()
+    events = [event(1, a1.id, "Cleaning", 0), event(2, a1.id, "Ready", 30), event(3, a1.id, "Repairing", 40)]
+    heartbeat(fleet.lab1, fleet.token1, host_events=events)
+    heartbeat(fleet.lab1, fleet.token1, host_events=events)
+    assert _states() == [("Cleaning", at(0), at(30)), ("Repairing", at(40), None)]

@@ -8,14 +8,23 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from common.errors import FleetshardError
+from common.models import Host
 from master.timeline.export import trace_chunks
 from master.timeline.models import Interval, RunTrace
 from master.timeline.query import scope
 from master.timeline.stats import stats
-from master.timeline.validate import validate
 from tests.master.timeline.factories import add_run, add_state, at, host
+from tests.master.timeline.validate import validate
 
 NOW = at(3600)
+
+
+@pytest.fixture(autouse=True)
+def hosts_existed_before_the_window(request):
+    """The fleet's hosts are made now, their intervals long before: they existed all along."""
+    if "fleet" in request.fixturenames:
+        request.getfixturevalue("fleet")
+        Host.objects.update(created_on=at(-86400 * 365))
 
 
 def _row(rows, key):
@@ -152,3 +161,20 @@ def test_totals_equal_the_sums_of_the_exported_slices(fleet, timelines, open_las
         for kind, name in field.items():
             assert sum(r[name] for r in rows) == pytest.approx(totals.get(kind, 0) / 1e6, abs=1e-3), kind
     assert host("a1").shard == fleet.lab1
+
+
+def test_a_host_made_during_the_window_counts_idle_only_since_it_was_made(fleet):
+    """A lab made three minutes ago is not a day of idle hosts at 0% use."""
+    Host.objects.filter(hostname="a3").update(created_on=at(3600 - 180))
+    add_run("a3", 3600 - 120, 3600 - 60, created=3600 - 150)
+    rows = stats(scope(NOW, since=at(0)), "host")
+    a3 = _row(rows, "a3")
+    assert a3["running_s"] == pytest.approx(60)
+    assert a3["idle_s"] == pytest.approx(120)
+    assert a3["utilisation"] == pytest.approx(60 / 180)
+    # The shard's total: a1 and a2 the whole hour, a3 three minutes.
+    lab1 = _row(stats(scope(NOW, since=at(0)), "shard"), "lab1")
+    assert lab1["idle_s"] == pytest.approx(2 * 3600 + 180 - 60)
+    # Made after the window ended: no capacity, no idle.
+    Host.objects.filter(hostname="c1").update(created_on=at(7200))
+    assert _row(stats(scope(NOW, since=at(0)), "host"), "c1")["idle_s"] == 0.0

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from master.timeline.validate import TraceInvalid, iter_events, validate
+from tests.master.timeline.validate import TraceInvalid, iter_events, validate
 
 
 def _named(*events):

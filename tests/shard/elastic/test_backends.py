@@ -1,13 +1,13 @@
 """The worker backends against real processes: a local worker is counted from the moment it can run."""
 
 import errno
-import time
 from pathlib import Path
 
 import pytest
 
 from shard.elastic import backends
 from shard.elastic.backends import BackendError, LocalBackend, SlurmBackend, SlurmOptions, WorkerSpec
+from tests.support import wait_until
 
 
 def local(tmp_path: Path, script: str) -> LocalBackend:
@@ -19,9 +19,7 @@ def test_a_local_worker_is_listed_while_it_runs_and_stop_sends_it_sigterm(tmp_pa
     backend = local(tmp_path, "trap 'echo drained > drained; exit 0' TERM; touch started; while :; do sleep 0.05; done")
     worker = backend.start()
     assert [w.id for w in backend.list_workers()] == [worker]
-    deadline = time.monotonic() + 10
-    while not (tmp_path / "started").exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: (tmp_path / "started").exists(), timeout=10, interval=0.02, what="the worker to start")
     backend.stop(worker)
     (child,) = backend._children
     assert child.wait(timeout=10) == 0
@@ -79,7 +77,7 @@ def test_a_local_worker_whose_proc_entry_cannot_be_read_is_not_forgotten(tmp_pat
     real = backends.proc_stat
 
     def no_descriptors(pid: int | str, *, gone_only: bool = False) -> list[str]:
-        # What shard.tracking.proc_stat does when open() fails with EMFILE.
+        # What shard.run.tracking.proc_stat does when open() fails with EMFILE.
         if gone_only:
             raise OSError(errno.EMFILE, "Too many open files")
         return []

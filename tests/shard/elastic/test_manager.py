@@ -107,7 +107,7 @@ def test_work_left_by_a_dead_worker_starts_a_worker_to_close_it_though_nothing_i
     from common.constants import HostStatus
     from common.models import Host
     from shard.models import HostState
-    from shard.recovery import current_runner_id
+    from shard.run.recovery import current_runner_id
 
     clock = Clock()
     backend = MemoryBackend(clock)

@@ -1,5 +1,5 @@
 """The worker manager's policy against an in-memory backend: whatever the sequence of queued work, workers
-starting and leaving, backend failures, clock steps and manager restarts, the invariants of DESIGN.md
+starting and leaving, backend failures, clock steps and manager restarts, the invariants of docs/design.md
 ("Elastic workers") hold. The last start time lives in the real test database, as in production."""
 
 import uuid

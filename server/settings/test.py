@@ -1,0 +1,25 @@
+"""The test suite's settings: BOTH roles' apps in one process, which no real deployment has.
+
+Tests build a master world and a shard world side by side (a shard client heartbeating to a master
+served by the same test process), so every model, admin, URLconf and command of both roles must be
+loadable here. It answers as the master by default (ROOT_URLCONF, ROLE); shard tests say
+`pytest.mark.urls("server.urls.shard")` or set `settings.ROLE`. Set as DJANGO_SETTINGS_MODULE in
+pyproject.toml's pytest section; processes a test starts (tests/e2e) use server.settings and a real role.
+"""
+
+import os
+
+from server.settings.base import databases
+from server.settings.master import *  # noqa: F403
+from server.settings.master import INSTALLED_APPS as MASTER_APPS
+from server.settings.shard import *  # noqa: F403
+from server.settings.shard import INSTALLED_APPS as SHARD_APPS
+
+ROLE = "master"
+DATABASES = databases(ROLE)
+ROOT_URLCONF = "server.urls.master"
+INSTALLED_APPS = [*MASTER_APPS, *(app for app in SHARD_APPS if app not in MASTER_APPS)]
+# Each test session reaps only its own runs: in the environment, so the shards its tests start agree.
+FLEETSHARD_CGROUP_NAME = os.environ.setdefault("FLEETSHARD_CGROUP_NAME", f"fleetshard-test-{os.getpid()}")
+# The suite's timelines are set on fixed days of November 2026, which must not age out of the window.
+FLEETSHARD_HOST_EVENT_MAX_AGE_DAYS = 36500.0
