@@ -32,13 +32,13 @@ def pytest_configure(config: pytest.Config) -> None:
     --basetemp given explicitly is left alone."""
     if os.geteuid() != 0 or config.option.basetemp or os.environ.get("PYTEST_DEBUG_TEMPROOT"):
         return
-    root = Path(tempfile.gettempdir()) / "fleetshard-pytest-of-root"
+    root = Path(tempfile.gettempdir()) / "fsp-root"  # short: Unix sockets live under tmp_path
     root.mkdir(mode=0o700, exist_ok=True)
     info = root.lstat()
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0:
         raise pytest.UsageError(f"{root} is not a directory of root's: remove it")
     own = make_numbered_dir_with_cleanup(
-        root=root, prefix="session-", mode=0o700, keep=3, lock_timeout=LOCK_TIMEOUT, register=atexit.register
+        root=root, prefix="s", mode=0o700, keep=3, lock_timeout=LOCK_TIMEOUT, register=atexit.register
     )
     os.environ["PYTEST_DEBUG_TEMPROOT"] = str(own)
 

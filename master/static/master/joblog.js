@@ -68,21 +68,23 @@
     this.box.dataset.state = slice.ended ? "ended" : "live";
   };
 
-  // Drops the oldest text past KEEP_CHARS, up to the end of a line (a read ends anywhere in one).
+  // Drops the oldest text past KEEP_CHARS, up to the end of a line. A read ends anywhere in a line, so
+  // that end may lie in a later text node than the one the cut falls in.
   Log.prototype.trim = function () {
-    var pre = this.pre, over = this.chars - KEEP_CHARS;
+    var pre = this.pre, over = this.chars - KEEP_CHARS, atLineStart = false, first;
     if (over <= 0) return;
-    while (pre.firstChild && pre.firstChild.data.length <= over) {
-      over -= pre.firstChild.data.length;
-      this.chars -= pre.firstChild.data.length;
-      pre.removeChild(pre.firstChild);
-    }
-    var first = pre.firstChild;
-    if (first) {
-      var line = first.data.indexOf("\n", over);
-      var cut = line >= 0 ? line + 1 : over;
-      first.deleteData(0, cut);
-      this.chars -= cut;
+    while ((first = pre.firstChild) && !(over <= 0 && atLineStart)) {
+      var from = Math.max(over, 0), line = first.data.indexOf("\n", from);
+      if (line >= 0 || !first.nextSibling) {
+        var cut = line >= 0 ? line + 1 : from;  // past the line's end, or one line longer than all kept
+        first.deleteData(0, cut);
+        this.chars -= cut;
+        break;
+      }
+      atLineStart = first.data.charAt(first.data.length - 1) === "\n";
+      over -= first.data.length;
+      this.chars -= first.data.length;
+      pre.removeChild(first);
     }
     this.dropped = true;
   };

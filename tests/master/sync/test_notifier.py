@@ -1,5 +1,7 @@
 """Change notification: which shards hear of which changes, when, and what a long-poll answers."""
 
+import shutil
+import tempfile
 import threading
 import time
 
@@ -255,7 +257,9 @@ def test_a_listener_whose_connection_the_database_drops_ends_the_waits_says_so_a
     assert got == [True] and time.monotonic() - began < 1
 
 
-def test_a_listener_that_cannot_listen_says_so_once_per_outage_not_every_retry(tmp_path, settings, monkeypatch, caplog):
+def test_a_listener_that_cannot_listen_says_so_once_per_outage_not_every_retry(
+    tmp_path, settings, monkeypatch, caplog, request
+):
     """A data directory too long for a Unix socket: one warning naming it, not one every RECONNECT_S;
     once the directory is fixed, one line saying notifications are heard again."""
     from master.sync import notifier
@@ -263,13 +267,15 @@ def test_a_listener_that_cannot_listen_says_so_once_per_outage_not_every_retry(t
     monkeypatch.setattr(notifier, "RECONNECT_S", 0.05)
     monkeypatch.setattr(notifier, "_is_postgres", lambda: False)  # the socket listener, on either database
     settings.DATA_DIR = str(tmp_path / ("d" * 120))
+    short_dir = tempfile.mkdtemp(prefix="fs-", dir="/tmp")  # tmp_path itself may be too long
+    request.addfinalizer(lambda: shutil.rmtree(short_dir, ignore_errors=True))
     board = NewsBoard(10)
     listener = notifier.Listener(board)
     with caplog.at_level("DEBUG", logger="master.sync.notifier"):
         listener.thread.start()
         try:
             time.sleep(0.5)
-            settings.DATA_DIR = str(tmp_path / "short")
+            settings.DATA_DIR = short_dir
             wait_until(lambda: board.listening_since is not None, timeout=5, interval=0.02, what="the listener")
         finally:
             listener.stop.set()
