@@ -9,11 +9,19 @@ pyproject.toml's pytest section; processes a test starts (tests/e2e) use server.
 
 import os
 
-from server.settings.base import databases
-from server.settings.master import *  # noqa: F403
-from server.settings.master import INSTALLED_APPS as MASTER_APPS
-from server.settings.shard import *  # noqa: F403
-from server.settings.shard import INSTALLED_APPS as SHARD_APPS
+# pytest-xdist's workers (`make test-fast`) each keep their own data dir (sockets, blobs, SQLite
+# files) and their own cgroup, so one worker's session end never reaps another's runs.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if WORKER and not os.environ.get("FLEETSHARD_TEST_WORKER_DIR"):
+    os.environ["FLEETSHARD_TEST_WORKER_DIR"] = "1"
+    os.environ["FLEETSHARD_DATA_DIR"] = os.path.join(os.environ.get("FLEETSHARD_DATA_DIR", "./var"), WORKER)
+    os.environ["FLEETSHARD_CGROUP_NAME"] = f"fleetshard-test-{os.getpid()}-{WORKER}"
+
+from server.settings.base import databases  # noqa: E402
+from server.settings.master import *  # noqa: E402, F403
+from server.settings.master import INSTALLED_APPS as MASTER_APPS  # noqa: E402
+from server.settings.shard import *  # noqa: E402, F403
+from server.settings.shard import INSTALLED_APPS as SHARD_APPS  # noqa: E402
 
 ROLE = "master"
 DATABASES = databases(ROLE)
