@@ -42,8 +42,9 @@ test: venv
 # the packaging and README runs); docs/testing.md has its time. `make test` runs everything.
 FAST_SKIP := tests/e2e tests/browser tests/deploy tests/fuzz tests/test_packaging.py tests/test_readme.py \
 	tests/master/api/test_schemathesis.py
+FAST_WORKERS ?= 4
 test-fast: venv
-	$(PY) -m pytest -q -p no:cacheprovider -m "not e2e and not browser" $(FAST_SKIP:%=--ignore=%) $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -n $(FAST_WORKERS) -m "not e2e and not browser" $(FAST_SKIP:%=--ignore=%) $(PYTEST_ARGS)
 
 # Long, randomised fuzzing (docs/testing.md): FUZZ_CASES whole heartbeat bodies against the real endpoint
 # and FUZZ_REST_CASES generated requests per REST operation (plus schemathesis' coverage phase, linked
