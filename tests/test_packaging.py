@@ -121,7 +121,7 @@ def test_the_wheel_installs_and_runs_a_master_without_the_checkout(tmp_path):
             wait_until(ready, timeout=60, what="the installed master to be ready")
             assert_status(requests.get(base + "/admin/login/", timeout=5), 200)
             for asset in ("/static/master/vendor/uplot/uPlot.min.css", "/static/admin/css/base.css"):
-                assert requests.get(base + asset, timeout=5).status_code == 200, asset
+                assert_status(requests.get(base + asset, timeout=5), 200)
             root = requests.get(base + "/api/v1/", headers={"Authorization": f"Bearer {token}"}, timeout=5)
             assert root.json()["version"] == CLIENT_VERSION
             cli = str(venv / "bin" / "fleetshard")

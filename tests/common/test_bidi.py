@@ -9,6 +9,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from master.results.models import TestRun
+from tests.support import assert_status
 
 EVIL = "bench\u202egnp.exe\u2066x\u2069"
 
@@ -24,7 +25,7 @@ def test_a_test_name_with_bidi_controls_is_shown_escaped_in_the_admin(root):
     run = TestRun.objects.create(test=EVIL, start=datetime(2026, 1, 1, tzinfo=UTC), format="gbench", digest="0" * 64)
     for page in ("/admin/master/testrun/", f"/admin/master/testrun/{run.id}/change/"):
         resp = root.get(page)
-        assert resp.status_code == 200
+        assert_status(resp, 200)
         text = resp.content.decode()
         assert not any(c in text for c in "\u202e\u2066\u2069"), page
         assert "bench\\u202egnp.exe\\u2066x\\u2069" in text
@@ -42,5 +43,5 @@ def test_json_keeps_them(root, fleet):
     """Not HTML: the API's JSON carries the name as the job wrote it (json escapes nothing it need not)."""
     fleet.job(EVIL)
     resp = root.get("/api/v1/jobs/")
-    assert resp.status_code == 200
+    assert_status(resp, 200)
     assert EVIL in json.dumps(resp.json(), ensure_ascii=False)

@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from tests.shard.fleet import master_hqes, new_shard, sql
-from tests.support import ROOT, serve, wait_until
+from tests.support import ROOT, assert_status, serve, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -221,7 +221,7 @@ def test_a_master_killed_mid_upload_stores_nothing_and_the_upload_then_succeeds(
     assert not stored.exists()
     assert sql(own_master.role.database_url, "SELECT count(*) FROM master_blob")[0][0] == 0
     head = requests.head(f"{own_master.url}/api/v1/blobs/{digest}", headers={"Authorization": f"Bearer {token}"})
-    assert head.status_code == 404
+    assert_status(head, 404)
     path = tmp_path / "weights.bin"
     path.write_bytes(data)
     from cli.blobs import Packed, upload
@@ -302,4 +302,4 @@ def test_a_huge_or_unmeasured_upload_is_refused_at_once_by_the_real_server(maste
     assert streamed.status_code == 411 and "Content-Length" in streamed.json()["error"]
     stored = master_server.role.data_dir / "blobs" / digest[:2] / digest[2:4] / digest
     assert not stored.exists()
-    assert requests.head(url, headers=headers, timeout=10).status_code == 404
+    assert_status(requests.head(url, headers=headers, timeout=10), 404)

@@ -30,6 +30,7 @@ from master import services
 from tests.conftest import Fleet, Heartbeat
 from tests.fuzz import tally
 from tests.fuzz.checksum import database_checksum
+from tests.support import assert_status
 
 ALLOWED = {200, 400, 401, 403, 409, 413}
 BIG = 10 * 1024 * 1024 + 1
@@ -417,7 +418,7 @@ def run_case(client: Client, world: World, case: Case) -> None:
     check_answer(case, acting, after, payload)
     # A lost response: the shard sends the same request again, and nothing applies twice.
     again = client.post("/api/v1/heartbeat", data=case.raw, content_type="application/json", **headers)
-    assert again.status_code == 200, ("the same request again", again.status_code, again.content[:500])
+    assert_status(again, 200)
     replayed = _rows()
     for kind in ("hqe", "host", "job"):
         assert replayed[kind] == after[kind], f"the same request applied again changed a {kind}"

@@ -59,7 +59,7 @@ def test_changelists_and_add_pages_render(fleet, staff, model):
     resp = staff.get(url(model))
     assert_status(resp, 200)
     resp = staff.get(url(model, "add"))
-    assert resp.status_code == 200
+    assert_status(resp, 200)
 
 
 def test_host_list_shows_status_badges_labels_and_filters(fleet, staff):

@@ -9,7 +9,7 @@ from django.core.management.base import CommandError
 
 from master.access.credentials import digest_of, find_token
 from master.models import AuditRecord, Token
-from tests.support import ROOT, Role, free_port, wait_until
+from tests.support import ROOT, Role, assert_status, free_port, wait_until
 
 
 def test_create_token_creates_the_user_and_prints_a_token_once(db, capsys):
@@ -39,7 +39,7 @@ def test_set_password_lets_a_token_user_log_into_the_admin(db, capsys, monkeypat
     call_command("set_password", "ana")
     assert capsys.readouterr().out.endswith("Password set for ana: log in to the admin (/admin/) with it.\n")
     assert client.login(username="ana", password="a long walkthrough passphrase")
-    assert client.get("/admin/").status_code == 200
+    assert_status(client.get("/admin/"), 200)
     entry = AuditRecord.objects.order_by("-id").first()
     assert (entry.actor, entry.action, [t.name for t in entry.targets.all()]) == (
         "system",

@@ -6,13 +6,13 @@ import socket
 
 from django.test import Client
 
-from tests.support import wait_until
+from tests.support import assert_status, wait_until
 
 
 def test_one_warning_line_without_a_traceback(db, caplog):
     with caplog.at_level(logging.INFO):
         resp = Client().get("/admin/login/", HTTP_HOST="evil.example")
-    assert resp.status_code == 400
+    assert_status(resp, 400)
     [record] = [r for r in caplog.records if r.name == "django.security.DisallowedHost"]
     assert record.levelno == logging.WARNING and record.exc_info is None
     assert "Invalid HTTP_HOST header: 'evil.example'" in record.getMessage()

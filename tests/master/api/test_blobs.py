@@ -19,6 +19,7 @@ from master.blobs.models import Artifact, Blob
 from master.blobs.store import purge_blobs
 from master.sync.heartbeat import job_record
 from tests.master.api.conftest import CheckedClient, client_for
+from tests.support import assert_status
 
 DATA = b"a model, or a program\n" * 1000
 DIGEST = hashlib.sha256(DATA).hexdigest()
@@ -48,9 +49,9 @@ def blob_dir(settings, tmp_path):
 
 
 def test_a_blob_is_stored_once_read_back_whole_and_in_ranges(user):
-    assert user.head(f"/api/v1/blobs/{DIGEST}").status_code == 404
+    assert_status(user.head(f"/api/v1/blobs/{DIGEST}"), 404)
     first = put(user, DIGEST, DATA)
-    assert first.status_code == 201, first.content
+    assert_status(first, 201)
     assert first.json() == {"digest": DIGEST, "size": len(DATA), "created": True}
     assert put(user, DIGEST, DATA).json()["created"] is False
     head = user.head(f"/api/v1/blobs/{DIGEST}")
@@ -61,7 +62,7 @@ def test_a_blob_is_stored_once_read_back_whole_and_in_ranges(user):
     assert part.status_code == 206 and part["Content-Range"] == f"bytes 100-{len(DATA) - 1}/{len(DATA)}"
     assert b"".join(part.streaming_content) == DATA[100:]
     past = user.get(f"/api/v1/blobs/{DIGEST}", HTTP_RANGE=f"bytes={len(DATA)}-")
-    assert past.status_code == 416
+    assert_status(past, 416)
     assert stored_files() == [blob_name(DIGEST)]
     assert Blob.objects.get().size == len(DATA)
 
@@ -81,8 +82,8 @@ def test_a_size_that_lies_is_refused_and_nothing_is_kept(user):
 
 
 def test_an_empty_file_is_a_blob_like_any_other_but_only_under_its_own_digest(user):
-    assert put(user, DIGEST, b"", CONTENT_LENGTH="0").status_code == 400
-    assert put(user, EMPTY, b"", CONTENT_LENGTH="0").status_code == 201
+    assert_status(put(user, DIGEST, b"", CONTENT_LENGTH="0"), 400)
+    assert_status(put(user, EMPTY, b"", CONTENT_LENGTH="0"), 201)
     assert b"".join(user.get(f"/api/v1/blobs/{EMPTY}").streaming_content) == b""
 
 
@@ -91,7 +92,7 @@ def test_a_body_over_the_limit_is_refused_from_its_declared_length_without_readi
     refused = put(user, DIGEST, DATA, CONTENT_LENGTH=three_gib)
     assert refused.status_code == 413 and "FLEETSHARD_MAX_INPUT_BYTES" in refused.json()["error"]
     settings.FLEETSHARD_MAX_INPUT_BYTES = len(DATA) - 1
-    assert put(user, DIGEST, DATA).status_code == 413
+    assert_status(put(user, DIGEST, DATA), 413)
     assert not Blob.objects.exists() and stored_files() == []
 
 
@@ -106,12 +107,12 @@ def test_a_blob_name_that_is_not_a_digest_is_refused(user, name):
 
 def test_a_put_without_a_length_is_refused(user):
     response = put(user, DIGEST, DATA, CONTENT_LENGTH="")
-    assert response.status_code == 411
+    assert_status(response, 411)
     assert not Blob.objects.exists()
 
 
 def test_anonymous_callers_are_refused(db, anonymous):
-    assert put(anonymous, DIGEST, DATA).status_code == 401
+    assert_status(put(anonymous, DIGEST, DATA), 401)
     assert not Blob.objects.exists()
 
 
@@ -122,13 +123,13 @@ def test_a_job_names_blobs_the_master_has_and_carries_them_to_its_shard(fleet, u
     missing = user.post("/api/v1/jobs/", {**body, "inputs": [{**model, "digest": EMPTY}]}, format="json")
     assert missing.status_code == 400 and "upload it first" in missing.json()["error"]
     lying = user.post("/api/v1/jobs/", {**body, "inputs": [{**model, "size": 5}]}, format="json")
-    assert lying.status_code == 400
+    assert_status(lying, 400)
     bad_name = user.post("/api/v1/jobs/", {**body, "inputs": [{**model, "name": "../x"}]}, format="json")
     assert bad_name.status_code == 400 and "input name" in bad_name.json()["error"]
     twice = user.post("/api/v1/jobs/", {**body, "inputs": [model, model]}, format="json")
     assert twice.status_code == 400 and "twice" in twice.json()["error"]
     created = user.post("/api/v1/jobs/", {**body, "inputs": [model]}, format="json")
-    assert created.status_code == 201, created.content
+    assert_status(created, 201)
     assert created.json()["inputs"] == [model]
     assert user.get(f"/api/v1/jobs/{created.json()['id']}/").json()["inputs"] == [model]
     from common.models import Job
@@ -149,7 +150,7 @@ def test_a_shard_reads_its_own_jobs_blobs_only(fleet, user):
     refused = lab2.get(f"/api/v1/blobs/{DIGEST}")
     assert refused.status_code == 403 and "lab2" in refused.json()["error"]
     # A blob no job of lab1 names, even one the master has.
-    assert lab1.get(f"/api/v1/blobs/{EMPTY}").status_code == 403
+    assert_status(lab1.get(f"/api/v1/blobs/{EMPTY}"), 403)
 
 
 def test_a_shard_reports_a_runs_outputs_and_people_list_them(fleet, user):
@@ -164,11 +165,11 @@ def test_a_shard_reports_a_runs_outputs_and_people_list_them(fleet, user):
     before = lab1.post(url, report, format="json")
     assert before.status_code == 400 and "upload it first" in before.json()["error"]
     put(lab1, DIGEST, DATA)
-    assert lab2.post(url, report, format="json").status_code == 403
-    assert user.post(url, report, format="json").status_code == 403
+    assert_status(lab2.post(url, report, format="json"), 403)
+    assert_status(user.post(url, report, format="json"), 403)
     for path in ("../etc/passwd", "/abs", "a//b", "a/./b"):
         bad = {"files": [{"path": path, "size": len(DATA), "digest": DIGEST}]}
-        assert lab1.post(url, bad, format="json").status_code == 400, path
+        assert_status(lab1.post(url, bad, format="json"), 400)
     assert not Artifact.objects.exists()
     assert lab1.post(url, report, format="json").json() == {"hqe": hqe.id, "recorded": 2}
     assert lab1.post(url, report, format="json").json()["recorded"] == 2  # again: the same rows
@@ -178,10 +179,10 @@ def test_a_shard_reports_a_runs_outputs_and_people_list_them(fleet, user):
         {"hqe": hqe.id, "path": "profile/out.json", "size": len(DATA), "digest": DIGEST, "skipped": ""},
     ]
     # The shard that ran it may read its outputs back; the other may not.
-    assert lab1.get(f"/api/v1/blobs/{DIGEST}").status_code == 200
-    assert lab2.get(f"/api/v1/blobs/{DIGEST}").status_code == 403
+    assert_status(lab1.get(f"/api/v1/blobs/{DIGEST}"), 200)
+    assert_status(lab2.get(f"/api/v1/blobs/{DIGEST}"), 403)
     assert user.get(f"/api/v1/jobs/{job.id}/artifacts?hqe=999999").json() == []
-    assert user.get("/api/v1/jobs/999999/artifacts").status_code == 404
+    assert_status(user.get("/api/v1/jobs/999999/artifacts"), 404)
 
 
 def test_purge_removes_old_blobs_nothing_refers_to(fleet, user):
@@ -227,10 +228,10 @@ def test_any_storage_backend_takes_blobs_through_the_storages_api(user, settings
     settings.STORAGES = {**settings.STORAGES, "blobs": {"BACKEND": "django.core.files.storage.InMemoryStorage"}}
     storages._storages = {}
     storages.backends = settings.STORAGES
-    assert put(user, DIGEST, DATA).status_code == 201
+    assert_status(put(user, DIGEST, DATA), 201)
     assert storages["blobs"].exists(blob_name(DIGEST))
     assert b"".join(user.get(f"/api/v1/blobs/{DIGEST}", HTTP_RANGE="bytes=5-9").streaming_content) == DATA[5:10]
-    assert put(user, EMPTY, DATA).status_code == 400
+    assert_status(put(user, EMPTY, DATA), 400)
     assert not storages["blobs"].exists(blob_name(EMPTY))
 
 
@@ -239,7 +240,7 @@ def test_a_blob_whose_bytes_went_missing_is_a_clear_404_and_an_upload_stores_it_
     never sent it again, PUT answered "had it", and GET sent its headers and then broke off."""
     put(user, DIGEST, DATA)
     (blob_dir / blob_name(DIGEST)).unlink()
-    assert user.head(f"/api/v1/blobs/{DIGEST}").status_code == 404
+    assert_status(user.head(f"/api/v1/blobs/{DIGEST}"), 404)
     missing = user.get(f"/api/v1/blobs/{DIGEST}")
     assert missing.status_code == 404 and "bytes are missing" in missing.json()["error"]
     again = put(user, DIGEST, DATA)
@@ -258,9 +259,9 @@ def test_an_ab_job_may_not_name_an_input_variant(fleet, user):
     assert refused.status_code == 400 and "input name variant" in refused.json()["error"]
     assert not Job.objects.filter(name="ab").exists()
     plain = user.post("/api/v1/jobs/", {**body, "variants": [], "inputs": [model]}, format="json")
-    assert plain.status_code == 201, plain.content
+    assert_status(plain, 201)
     renamed = user.post("/api/v1/jobs/", {**body, "inputs": [{**model, "name": "variant+new"}]}, format="json")
-    assert renamed.status_code == 201, renamed.content
+    assert_status(renamed, 201)
 
 
 def test_a_master_whose_disk_is_full_answers_507_and_keeps_nothing(user, blob_dir):
@@ -276,7 +277,7 @@ def test_a_master_whose_disk_is_full_answers_507_and_keeps_nothing(user, blob_di
         signal.signal(signal.SIGXFSZ, previous)
     assert full.status_code == 507 and "cannot store the blob now" in full.json()["error"]
     assert not Blob.objects.exists() and stored_files() == []
-    assert put(user, hashlib.sha256(big).hexdigest(), big).status_code == 201
+    assert_status(put(user, hashlib.sha256(big).hexdigest(), big), 201)
 
 
 def test_a_report_replaces_the_entrys_earlier_one_so_rows_stay_bounded(fleet):

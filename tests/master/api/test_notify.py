@@ -3,6 +3,7 @@
 import pytest
 
 from master.notify.models import Delivery, Subscription
+from tests.support import assert_status
 
 pytestmark = pytest.mark.django_db
 
@@ -13,7 +14,7 @@ def test_create_shows_the_secret_once_and_lists_never(user):
         {"url": "https://hooks.example.org/x", "events": ["job.ended", "regression.new"], "owner": "ana"},
         format="json",
     )
-    assert resp.status_code == 201, resp.content
+    assert_status(resp, 201)
     body = resp.json()
     assert body["secret"] == Subscription.objects.get().secret
     assert (body["events"], body["owner"], body["label"], body["format"]) == (
@@ -39,7 +40,7 @@ def test_create_shows_the_secret_once_and_lists_never(user):
 )
 def test_bad_subscriptions_are_a_400_naming_the_field(user, body, field):
     resp = user.post("/api/v1/notifications/", body, format="json")
-    assert resp.status_code == 400, resp.content
+    assert_status(resp, 400)
     assert field in resp.content.decode()
     assert not Subscription.objects.exists()
 
@@ -52,9 +53,9 @@ def test_test_queues_a_delivery_and_deliveries_lists_it(user, other_user, staff)
     assert resp.status_code == 202 and resp.json()["status"] == "pending"
     (listed,) = user.get(f"/api/v1/notifications/{sub_id}/deliveries/").json()
     assert listed["delivery"] == str(Delivery.objects.get().uuid) and listed["event"] == "job.ended"
-    assert other_user.post(f"/api/v1/notifications/{sub_id}/test/").status_code == 404
-    assert other_user.delete(f"/api/v1/notifications/{sub_id}/").status_code == 404
-    assert staff.get(f"/api/v1/notifications/{sub_id}/deliveries/").status_code == 200
-    assert user.delete(f"/api/v1/notifications/{sub_id}/").status_code == 204
+    assert_status(other_user.post(f"/api/v1/notifications/{sub_id}/test/"), 404)
+    assert_status(other_user.delete(f"/api/v1/notifications/{sub_id}/"), 404)
+    assert_status(staff.get(f"/api/v1/notifications/{sub_id}/deliveries/"), 200)
+    assert_status(user.delete(f"/api/v1/notifications/{sub_id}/"), 204)
     assert not Subscription.objects.exists() and not Delivery.objects.exists()
-    assert user.delete("/api/v1/notifications/abc/").status_code == 404
+    assert_status(user.delete("/api/v1/notifications/abc/"), 404)

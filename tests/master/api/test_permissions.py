@@ -67,13 +67,13 @@ def test_the_heartbeat_takes_only_a_bearer_token(fleet, heartbeat, header):
 def test_anonymous_requests_are_refused(fleet, anonymous):
     for url in ("/api/v1/labels/", "/api/v1/hosts/a1/", "/api/v1/shards/", "/api/v1/jobs/"):
         resp = anonymous.get(url)
-        assert resp.status_code == 401, url
+        assert_status(resp, 401)
         assert "credentials were not provided" in resp.json()["error"]
 
 
 def test_any_user_reads_everything(fleet, user):
     for url in ("/api/v1/labels/", "/api/v1/hosts/", "/api/v1/hosts/a1/", "/api/v1/shards/lab1/", "/api/v1/jobs/"):
-        assert user.get(url).status_code == 200, url
+        assert_status(user.get(url), 200)
 
 
 # Each write, the permissions the admin asks for to do the same (master/admin/), and what it does.

@@ -44,7 +44,7 @@ def test_docs_page_and_its_assets_are_served_locally(user, anonymous):
     assets = re.findall(r'(?:src|href)="(/static/[^"]+)"', page)
     assert any("swagger-ui-bundle.js" in a for a in assets), page
     for asset in assets:
-        assert anonymous.get(asset).status_code == 200, asset
+        assert_status(anonymous.get(asset), 200)
     assert "http://" not in page.replace("http://testserver", "") and "https://" not in page
 
 

@@ -60,7 +60,7 @@ def test_a_run_with_ten_thousand_entries_lists_only_the_first_ones(fleet, operat
     """Issue 23: all 10,000 entries inline made a 39 MB page in 11.7 s."""
     run = store_result_file(raw(many_entries(10_000)), "big.json", acting_user=None).run
     page = operator.get(f"/admin/master/testrun/{run.id}/change/")
-    assert page.status_code == 200
+    assert_status(page, 200)
     text = page.content.decode()
     assert text.count('<td class="field-entry">') == ADMIN_ENTRIES_SHOWN
     assert f"this run has 10000 entries: the first {ADMIN_ENTRIES_SHOWN} by name are listed below" in text
@@ -75,7 +75,7 @@ def test_the_compare_page_sorts_by_change_and_is_linked_from_the_job_and_the_cha
     link = f"/admin/benchmarks/compare/?base={hqe.job_id}%3Abase&amp;new={hqe.job_id}%3Anew"
     assert f'id="fs-job-compare" href="{link}"' in job_page and "Compare new against base" in job_page
     page = operator.get(link.replace("&amp;", "&"))
-    assert page.status_code == 200
+    assert_status(page, 200)
     html = page.content.decode()
     assert html.index("slow_path") < html.index("fast_path")
     assert '<td class="fs-slower">slower</td>' in html and "1 no change, 1 slower." in html
@@ -86,7 +86,7 @@ def test_the_compare_page_sorts_by_change_and_is_linked_from_the_job_and_the_cha
 def test_the_compare_page_shows_a_bad_side_as_one_error_and_escapes_names(fleet, operator):
     page = operator.get("/admin/benchmarks/compare/?base=<b>x&new=2").content.decode()
     assert 'class="errornote">base: &#x27;&lt;b&gt;x&#x27; is not a side' in page
-    assert operator.get("/admin/benchmarks/compare/").status_code == 200
+    assert_status(operator.get("/admin/benchmarks/compare/"), 200)
 
 
 def test_the_compare_page_takes_hostile_names_and_parameters_without_a_500(fleet, operator):
@@ -104,7 +104,7 @@ def test_the_compare_page_takes_hostile_names_and_parameters_without_a_500(fleet
             store_result_file(data, f"{variant}-{r}.json", hqe=hqe, shard=fleet.lab1, acting_user=None,
                               variant=variant, repeat=r)  # fmt: skip
     page = operator.get("/admin/benchmarks/compare/", {"base": f"{hqe.job_id}:base", "new": f"{hqe.job_id}:new"})
-    assert page.status_code == 200
+    assert_status(page, 200)
     html = page.content.decode()
     assert evil not in html and "&lt;script&gt;alert(1)&lt;/script&gt;&amp;x" in html
     assert '<td class="fs-slower">slower</td>' in html

@@ -11,6 +11,7 @@ from master.results.ingest import store_result_file
 from master.results.models import TestRun
 from tests.master.api.conftest import client_for
 from tests.master.results.factories import T0, tf_file
+from tests.support import assert_status
 
 URL = "/api/v1/results/compare"
 UPLOAD = "/api/v1/results/upload"
@@ -47,7 +48,7 @@ def _ab_job(fleet, repeats: int, slow: dict[str, float], hour: int = 0, **job) -
 def test_an_ab_job_whose_new_variant_is_15_percent_slower_on_one_entry(fleet, staff):
     hqe = _ab_job(fleet, repeats=8, slow={"slow_path": 1.15})
     rows = staff.get(URL, {"base": f"{hqe.job_id}:base", "new": f"{hqe.job_id}:new"})
-    assert rows.status_code == 200, rows.content
+    assert_status(rows, 200)
     by_entry = {row["entry"]: row for row in rows.json()}
     assert by_entry["slow_path"]["verdict"] == "slower"
     assert by_entry["slow_path"]["change_pct"] == pytest.approx(15, abs=1)
@@ -90,7 +91,7 @@ def test_runs_carry_the_jobs_revision_keyval_else_the_files_commit_and_compare_b
     for i in range(6):
         data = tf_file("suite", T0 + timedelta(hours=1, minutes=i), {"e": 2.0 + i * 0.001}, commitId={"hash": "abc1"})
         upload = staff.post(f"{UPLOAD}?name=y{i}.json", data=data, content_type="application/octet-stream")
-        assert upload.status_code == 201, upload.content
+        assert_status(upload, 201)
         assert upload.json()["run"]["revision"] == "abc1"
     assert set(TestRun.objects.filter(job=old.job).values_list("revision", flat=True)) == {"r100"}
     runs = staff.get("/api/v1/results/runs/", {"test": "suite", "revision": "r100"}).json()
@@ -127,7 +128,7 @@ def test_a_job_side_without_a_variant_takes_all_of_its_results(fleet, staff):
 )
 def test_bad_comparisons_are_one_line_400s_naming_the_field(fleet, staff, params, field, words):
     answer = staff.get(URL, params)
-    assert answer.status_code == 400, answer.content
+    assert_status(answer, 400)
     body = answer.json()
     assert words in body["error"] and body["detail"]["field"] == field
     assert "\n" not in body["error"]
@@ -136,12 +137,12 @@ def test_bad_comparisons_are_one_line_400s_naming_the_field(fleet, staff, params
 def test_a_job_with_one_variant_only_is_a_clear_400(fleet, staff):
     hqe = _ab_job(fleet, repeats=4, slow={})
     answer = staff.get(URL, {"base": f"{hqe.job_id}:base", "new": f"{hqe.job_id}:other"})
-    assert answer.status_code == 400
+    assert_status(answer, 400)
     assert answer.json()["error"] == f"new: {hqe.job_id}:other has no results"
 
 
 def test_compare_needs_a_token(fleet):
-    assert client_for(None).get(URL, {"base": "1", "new": "2"}).status_code == 401
+    assert_status(client_for(None).get(URL, {"base": "1", "new": "2"}), 401)
 
 
 @pytest.mark.parametrize(
@@ -157,7 +158,7 @@ def test_compare_needs_a_token(fleet):
 def test_uploads_with_bad_ab_tags_are_refused_and_store_nothing(fleet, staff, query, words):
     data = tf_file("suite", T0, {"e": 1.0})
     answer = staff.post(f"{UPLOAD}?name=a.json&{query}", data=data, content_type="application/octet-stream")
-    assert answer.status_code == 400, answer.content
+    assert_status(answer, 400)
     assert words in answer.json()["error"]
     assert not TestRun.objects.exists()
 
@@ -167,7 +168,7 @@ def test_an_upload_tagged_with_variant_and_repeat_keeps_them(fleet, staff):
     answer = staff.post(
         f"{UPLOAD}?name=a.json&variant=new&repeat=3", data=data, content_type="application/octet-stream"
     )
-    assert answer.status_code == 201, answer.content
+    assert_status(answer, 201)
     assert {k: answer.json()["run"][k] for k in ("variant", "repeat")} == {"variant": "new", "repeat": 3}
     assert TestRun.objects.values_list("variant", "repeat").get() == ("new", 3)
 
@@ -182,7 +183,7 @@ def test_absurd_timings_compare_to_finite_numbers_not_a_500(fleet, staff):
             store_result_file(data, f"{variant}-{r}.json", hqe=hqe, shard=fleet.lab1, acting_user=None,
                               variant=variant, repeat=r)  # fmt: skip
     rows = staff.get(URL, {"base": f"{hqe.job_id}:base", "new": f"{hqe.job_id}:new"})
-    assert rows.status_code == 200, rows.content
+    assert_status(rows, 200)
     by_entry = {row["entry"]: row for row in rows.json()}
     assert by_entry["e"]["verdict"] == "slower" and by_entry["e"]["change_pct"] > 1e300
     assert by_entry["f"]["base_median_s"] == 1.7e308 and by_entry["f"]["verdict"] == "no change"

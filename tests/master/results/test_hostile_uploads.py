@@ -14,6 +14,7 @@ from master.models import RejectedResult, TestEntry, TestRun
 from tests.master.api.conftest import client_for
 from tests.master.results.test_formats import GB_SAMPLE, TF_SAMPLE
 from tests.master.results.test_upload import upload
+from tests.support import assert_status
 
 
 def gb_with(rows: list[dict]) -> dict:
@@ -54,7 +55,7 @@ HOSTILE = {
 def test_a_hostile_file_from_a_shard_is_a_400_naming_the_value_and_its_rejection_is_kept(fleet, shard_hqe, case):
     doc, field = HOSTILE[case]
     resp = upload(client_for(fleet.token1), raw(doc), name="evil.json", hqe=shard_hqe.id)
-    assert resp.status_code == 400, resp.content
+    assert_status(resp, 400)
     error = resp.json()["error"]
     assert error.startswith(f"evil.json: {field}: "), error
     assert "\x00" not in error and not any(0xD800 <= ord(c) <= 0xDFFF for c in error)
@@ -67,7 +68,7 @@ def test_a_hostile_file_from_a_shard_is_a_400_naming_the_value_and_its_rejection
 def test_a_hostile_file_from_a_person_is_a_400_too(fleet, staff: Client, case):
     doc, field = HOSTILE[case]
     resp = upload(staff, raw(doc), name="evil.json")
-    assert resp.status_code == 400, resp.content
+    assert_status(resp, 400)
     assert resp.json()["error"].startswith(f"evil.json: {field}: ")
     assert not TestRun.objects.exists() and not RejectedResult.objects.exists()
 
@@ -76,7 +77,7 @@ def test_large_finite_repetitions_are_still_stored(fleet, staff):
     """The refusal is of what overflows, not of large values: one repetition of 1.7e308 s is a value."""
     doc = gb_with([rep(real_time=1.7e308, time_unit="s", iterations=2**63 - 1)])
     resp = upload(staff, raw(doc))
-    assert resp.status_code == 201, resp.content
+    assert_status(resp, 201)
 
 
 def _ended(hqe: HostQueueEntry) -> HostQueueEntry:
@@ -90,7 +91,7 @@ def test_results_of_a_host_deleted_on_the_master_are_stored_under_their_shard(fl
     _ended(shard_hqe)
     services.delete_hosts(["a1"], acting_user=None)
     resp = upload(client_for(fleet.token1), TF_SAMPLE, hqe=shard_hqe.id)
-    assert resp.status_code == 201, resp.content
+    assert_status(resp, 201)
     run = resp.json()["run"]
     assert (run["hqe"], run["job"], run["host"], run["shard"], run["label"]) == (
         shard_hqe.id,

@@ -18,6 +18,7 @@ from django.db import connection, transaction
 from common import admission
 from common.models import HostQueueEntry, Shard
 from master.sync import heartbeat as master_heartbeat
+from tests.support import assert_status
 
 from .test_heartbeat import known, known_hosts, update
 
@@ -365,7 +366,7 @@ def test_statements_a_lock_timeout_orphaned_are_deallocated_by_the_next_quiet_he
     try:
         with locker.cursor() as cur:
             cur.execute("SELECT 1 FROM common_shard WHERE id = %s FOR UPDATE", [fleet.lab1.id])
-        assert heartbeat.post_raw(json.dumps(heartbeat.body(fleet.lab1, **quiet)), fleet.token1).status_code == 503
+        assert_status(heartbeat.post_raw(json.dumps(heartbeat.body(fleet.lab1, **quiet)), fleet.token1), 503)
         assert prepared() == first  # still there, their name dropped
         locker.commit()
     finally:

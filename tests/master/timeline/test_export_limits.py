@@ -22,6 +22,7 @@ from tests.master.timeline.factories import add_run, add_state, at
 from tests.support import (
     Master,
     Role,
+    assert_status,
     drop_database,
     free_port,
     fresh_database_url,
@@ -49,11 +50,11 @@ def test_a_user_gets_429_with_retry_after_beyond_their_cap_and_a_slot_back_when_
     held = [ana.get(URL), ana.get(URL)]  # streamed, not read: they hold their slots
     assert [r.status_code for r in held] == [200, 200]
     refused = ana.get(URL)
-    assert refused.status_code == 429
+    assert_status(refused, 429)
     assert "at most 2 per user" in refused.json()["error"]
     assert 100 <= int(refused["Retry-After"]) <= 120
     third = bob.get(URL)  # another user, while the process has room
-    assert third.status_code == 200
+    assert_status(third, 200)
     full = cy.get(URL)
     assert full.status_code == 429 and "3 per server process" in full.json()["error"]
     b"".join(held[0].streaming_content)  # read to its end, the response closes
