@@ -22,6 +22,7 @@ from master.notify import services as notify
 from master.notify.models import Delivery, NotificationEvent, Subscription
 from master.results.models import Regression
 from tests.master.notify.receiver import Receiver, flood, hang, redirect
+from tests.support import wait_until
 
 ALL = ["regression.new", "regression.fixed", "host.repair_failed", "host.missing", "shard.offline", "job.ended"]
 
@@ -250,10 +251,10 @@ def test_two_senders_never_deliver_one_event_twice_at_once(transactional_db, fas
     threads = [threading.Thread(target=s.run, args=(stop,)) for s in (a, b)]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and len(r.got) < 50:
-        time.sleep(0.1)
-    stop.set()
+    try:
+        wait_until(lambda: len(r.got) >= 50, timeout=20, interval=0.1, what="50 deliveries")
+    finally:
+        stop.set()
     for t in threads:
         t.join(10)
     ns = [b["data"]["n"] for b in r.delivered()]
@@ -315,9 +316,7 @@ def test_a_gigabyte_answer_is_cut_at_a_kibibyte_and_a_slow_receiver_holds_up_onl
     s = sender.Sender()
     try:
         s.step()
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and not quick.got:
-            time.sleep(0.01)
+        wait_until(lambda: quick.got, timeout=5, interval=0.01, what="the quick receiver's delivery")
         quick_after = time.monotonic() - started
         s.wait_busy(5)
     finally:
