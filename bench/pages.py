@@ -68,7 +68,8 @@ def insert_select(cur: Any, model: Any, exprs: dict[str, str], source: str) -> N
         else:
             values.append("%s")
             params.append(field.get_db_prep_save(field.get_default(), connection=cur.db))
-    cur.execute(f"INSERT INTO {model._meta.db_table} ({', '.join(columns)}) SELECT {', '.join(values)} {source}", params)
+    table = model._meta.db_table
+    cur.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(values)} {source}", params)
 
 
 def fill(n_shards: int, n_hosts: int, n_jobs: int) -> None:
@@ -92,9 +93,11 @@ def fill(n_shards: int, n_hosts: int, n_jobs: int) -> None:
             Shard.objects.filter(pk=shard.pk).update(last_heartbeat=None, client_version="")
         elif n % 25 == 3:
             Shard.objects.filter(pk=shard.pk).update(last_heartbeat=now - timedelta(minutes=2))
-    shard, label = Shard._meta.db_table, Label._meta.db_table
+    shard_table, label_table = Shard._meta.db_table, Label._meta.db_table
     through = Host.labels.through._meta.db_table
-    statuses = "ARRAY['Ready','Ready','Ready','Ready','Running','Running','Cleaning','Repairing','Repair Failed','Missing']"
+    statuses = (
+        "ARRAY['Ready','Ready','Ready','Ready','Running','Running','Cleaning','Repairing','Repair Failed','Missing']"
+    )
     job_statuses = "ARRAY['Queued','Queued','Running','Completed','Completed','Completed','Failed','Aborted']"
     with connection.cursor() as cur:
         insert_select(
@@ -106,11 +109,11 @@ def fill(n_shards: int, n_hosts: int, n_jobs: int) -> None:
                 "locked": "mod(g, 40) = 0",
                 "status": f"({statuses})[1 + mod(g + s.id, 10)]",
             },
-            f"FROM {shard} s CROSS JOIN generate_series(0, {int(n_hosts) - 1}) g",
+            f"FROM {shard_table} s CROSS JOIN generate_series(0, {int(n_hosts) - 1}) g",
         )
         cur.execute(
             f"INSERT INTO {through} (host_id, label_id) SELECT h.id, l.id FROM {Host._meta.db_table} h"
-            f" JOIN {label} l ON l.shard_id = h.shard_id"
+            f" JOIN {label_table} l ON l.shard_id = h.shard_id"
         )
         insert_select(
             cur,
@@ -123,7 +126,7 @@ def fill(n_shards: int, n_hosts: int, n_jobs: int) -> None:
                 "status": f"({job_statuses})[1 + mod(g + s.id, 8)]",
                 "created_on": "now() - g * interval '1 minute'",
             },
-            f"FROM {shard} s CROSS JOIN generate_series(0, {int(n_jobs) - 1}) g",
+            f"FROM {shard_table} s CROSS JOIN generate_series(0, {int(n_jobs) - 1}) g",
         )
         insert_select(
             cur,
@@ -134,7 +137,7 @@ def fill(n_shards: int, n_hosts: int, n_jobs: int) -> None:
                 "status": "j.status",
                 "finished_on": "CASE WHEN j.status IN ('Completed', 'Failed', 'Aborted') THEN j.created_on END",
             },
-            f"FROM {Job._meta.db_table} j JOIN {label} l ON l.shard_id = j.shard_id",
+            f"FROM {Job._meta.db_table} j JOIN {label_table} l ON l.shard_id = j.shard_id",
         )
         cur.execute("ANALYZE")
 
@@ -147,7 +150,7 @@ def measure(client: Any, path: str, rounds: int) -> dict[str, Any]:
     times = []
     size = 0
     status = 0
-    for r in range(rounds):
+    for _ in range(rounds):
         with CaptureQueriesContext(connection) as queries:
             began = time.perf_counter()
             resp = client.get(path)
@@ -212,7 +215,8 @@ def main() -> None:
                 continue
             f = measure(client, path, args.rounds)
             say(
-                f"| `{path}` | {f['status']} | {f['p50_ms']:.0f} | {f['p95_ms']:.0f} | {f['kib']:.0f} | {f['queries']} |"
+                f"| `{path}` | {f['status']} | {f['p50_ms']:.0f} | {f['p95_ms']:.0f} | {f['kib']:.0f} |"
+                f" {f['queries']} |"
             )
         load = os.getloadavg()
         say(f"load average after the run: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")

@@ -51,19 +51,31 @@ def test_changelist_query_count_is_pinned_and_equal_for_one_row_and_many(
         assert len(staff.get(path).context["cl"].result_list) == 100  # a full page
 
 
-# The session, the user, the snapshot's shards, labels and unassigned hosts, and the utilisation
-# table's three (its sums, its hosts, its queue waits).
-OVERVIEW_QUERIES = 8
+# The session, the user, the shards, hosts grouped by shard and status, active jobs and jobs failed
+# in a day grouped by shard, the page's labels, and the utilisation table's three (its sums, its
+# hosts, its queue waits) for the page's shards. The same on any page, in any order, with a search.
+OVERVIEW_QUERIES = 10
+OVERVIEW_URLS = ["/admin/fleet/", "/admin/fleet/?sort=name", "/admin/fleet/?sort=hosts&q=lab0"]
 
 
 def test_overview_query_count_is_pinned(staff, django_assert_num_queries):
     add_rows(0, 1)
     staff.get("/admin/fleet/")
-    with django_assert_num_queries(OVERVIEW_QUERIES):
-        staff.get("/admin/fleet/")
+    for url in OVERVIEW_URLS:
+        with django_assert_num_queries(OVERVIEW_QUERIES):
+            assert_status(staff.get(url), 200)
     add_rows(1, MANY - 1)
-    with django_assert_num_queries(OVERVIEW_QUERIES):
-        assert_status(staff.get("/admin/fleet/"), 200)
+    for url in [*OVERVIEW_URLS, "/admin/fleet/?page=3&sort=heartbeat"]:
+        with django_assert_num_queries(OVERVIEW_QUERIES):
+            assert_status(staff.get(url), 200)
+    # No shard matches: no page of shards to count the utilisation of.
+    with django_assert_num_queries(OVERVIEW_QUERIES - 3):
+        assert "no shard's name contains" in staff.get("/admin/fleet/?q=nothing").content.decode()
+    # A bad parameter is answered before any query of the fleet; a page past the last after counting.
+    with django_assert_num_queries(2):
+        assert_status(staff.get("/admin/fleet/?page=abc"), 400)
+    with django_assert_num_queries(6):
+        assert_status(staff.get("/admin/fleet/?page=4"), 404)
 
 
 def test_job_page_query_count_is_pinned_whatever_its_hqes(fleet, staff, django_assert_num_queries):
