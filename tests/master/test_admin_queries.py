@@ -25,7 +25,7 @@ def staff(db: None) -> Client:
 CHANGELISTS = [
     ("/admin/common/label/", 6, ["?q=board"]),
     ("/admin/common/host/", 8, ["?labels__id__exact={label}&q=dut", "?locked__exact=0&status__exact=Ready"]),
-    ("/admin/common/shard/", 6, ["?state=offline&q=lab"]),
+    ("/admin/common/shard/", 7, ["?state=offline&q=lab", "?o=6", "?o=-9"]),  # and its hosts by status
     ("/admin/common/job/", 7, ["?label=board:0&status__exact=Queued"]),
     ("/admin/master/token/", 5, ["?kind=shard"]),
 ]
