@@ -139,7 +139,8 @@ class JobColumns(_JobAdmin):
         """Words, not Django's red cross: not being aborted is the normal state, no error."""
         return "yes" if obj.aborted else "no"
 
-    @admin.display(description="HQEs", ordering="hqe_count")
+    # Not sortable: sorting by it counts the HQEs of every job, where a page counts its own rows only.
+    @admin.display(description="HQEs")
     def hqe_count(self, obj: Job) -> int:
         count: int = obj.hqe_count  # type: ignore[attr-defined]  # annotated by get_queryset
         return count

@@ -29,7 +29,9 @@ class LabelAdmin(ServiceAdmin):
     def get_queryset(self, request: HttpRequest) -> QuerySet[Label]:
         return annotate_labels(super().get_queryset(request))
 
-    @admin.display(description="hosts Ready", ordering="hosts_ready")
+    # Not sortable: sorting by it counts every label's hosts (500 labels of 200 hosts: 0.7 s) where a
+    # page counts its own rows only; the shard filter and the search find a label instead.
+    @admin.display(description="hosts Ready")
     def hosts_ready(self, obj: Label) -> str:
         return f"{obj.hosts_ready} of {obj.hosts_total}"  # type: ignore[attr-defined]
 
