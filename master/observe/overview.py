@@ -78,22 +78,18 @@ def count_hosts_by_status(shards: Sequence[Shard]) -> None:
         shard.hosts_locked = counts[shard.pk].get("locked", 0)  # type: ignore[attr-defined]
 
 
-def _count_per_label(qs: QuerySet[Any]) -> Coalesce:
-    """Rows of Host.labels' table `qs` counted for the outer label row, 0 when it has none."""
-    counted = qs.filter(label_id=OuterRef("pk")).order_by().values("label_id").annotate(n=Count("pk")).values("n")
-    return Coalesce(Subquery(counted, output_field=IntegerField()), Value(0))
-
-
-def annotate_labels(qs: QuerySet[Label]) -> QuerySet[Label]:
-    """Adds hosts_total and hosts_ready (Ready and unlocked: the hosts that could take work now).
-
-    Correlated subqueries rather than a join and GROUP BY: the database counts for the rows shown
-    (a page of labels) only, where grouping counts every host of every label before the LIMIT."""
-    through = Host.labels.through.objects.all()
-    return qs.annotate(
-        hosts_total=_count_per_label(through),
-        hosts_ready=_count_per_label(through.filter(host__status=HostStatus.READY, host__locked=False)),
-    )
+def count_label_hosts(labels: Sequence[Label]) -> None:
+    """Sets hosts_total and hosts_ready (Ready and unlocked: the hosts that could take work now) on each
+    of `labels`: one grouped query over their hosts, whatever their number. After the page is cut, so
+    the database counts the hosts of the labels shown only (a label holds a host once: no DISTINCT)."""
+    counts: dict[int, tuple[int, int]] = {}
+    if labels:
+        ready = Q(hosts__status=HostStatus.READY, hosts__locked=False)
+        rows = Label.objects.filter(pk__in=[label.pk for label in labels]).order_by().values("pk")
+        for row in rows.annotate(total=Count("hosts"), ready=Count("hosts", filter=ready)):
+            counts[row["pk"]] = (row["total"], row["ready"])
+    for label in labels:
+        label.hosts_total, label.hosts_ready = counts.get(label.pk, (0, 0))  # type: ignore[attr-defined]
 
 
 def hosts_by_status(obj: Model) -> list[tuple[str, int]]:
@@ -308,8 +304,8 @@ def fleet_snapshot(now: datetime | None = None, *, page: int = 1, sort: str = "w
     shown = matching[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
 
     ids = [x.shard.pk for x in shown]
-    # A join counted in one GROUP BY (a label holds a host once, so no DISTINCT): for a few labels this
-    # beats annotate_labels' subqueries, whose estimated cost would also have PostgreSQL JIT-compile it.
+    # The labels and their hosts counted in one query (count_label_hosts' join, in the same SELECT):
+    # correlated subqueries a label were slower, and costly enough on paper for PostgreSQL to JIT them.
     ready = Q(hosts__status=HostStatus.READY, hosts__locked=False)
     labels = list(
         Label.objects.select_related("shard")

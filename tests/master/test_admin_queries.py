@@ -24,7 +24,7 @@ def staff(db: None) -> Client:
 # show_full_result_count is off), its rows with their select_related relations, and one query per
 # prefetched relation. `{label}` is the first row's label id.
 CHANGELISTS = [
-    ("/admin/common/label/", 5, ["?q=board", "?o=-1"]),
+    ("/admin/common/label/", 6, ["?q=board", "?o=-1"]),  # and its hosts counted
     ("/admin/common/host/", 7, ["?labels__id__exact={label}&q=dut", "?locked__exact=0&status__exact=Ready", "?o=-1"]),
     ("/admin/common/shard/", 6, ["?state=offline&q=lab", "?o=6", "?o=-9"]),  # and its hosts by status
     ("/admin/common/job/", 6, ["?label=board:0&status__exact=Queued", "?o=3"]),
