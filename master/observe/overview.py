@@ -6,7 +6,7 @@ two thousand. Counting through subqueries rather than joins keeps hosts and jobs
 each other's rows.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -173,7 +173,7 @@ class ShardLine:
         return badges
 
 
-def _sort_key(sort: str) -> Any:
+def _sort_key(sort: str) -> Callable[[ShardLine], Any]:
     rank = {"late": 0, "never": 1, "online": 2}
     if sort == "worst":
         return lambda x: (rank[x.state], -x.trouble, -x.jobs_failed_24h, x.shard.hostname)
@@ -198,10 +198,6 @@ class Snapshot:
     jobs: dict[str, int]  # fleet-wide: queued, running, failed_24h
     labels: Sequence[Label]  # those of the page's shards, then (at most UNOWNED_LABELS) those of no shard
     utilisation: list[dict[str, Any]]  # the page's shards over the last 24 hours (master.timeline.stats)
-
-    @property
-    def cards(self) -> list[ShardLine]:
-        return self.lines
 
 
 def parse_page(raw: str | None) -> int:
@@ -228,9 +224,9 @@ def parse_q(raw: str | None) -> str:
 
 
 def fleet_snapshot(now: datetime | None = None, *, page: int = 1, sort: str = "worst", q: str = "") -> Snapshot:
-    """Eight queries whatever the fleet's size (seven when no shard matches): the matching shards,
-    hosts grouped by shard, status and lock, active jobs and jobs failed in a day grouped by shard,
-    the page's labels, and the three of the page's utilisation.
+    """Eight queries whatever the fleet's size (five when no shard matches: no utilisation to count):
+    the shards, hosts grouped by shard, status and lock, active jobs and jobs failed in a day grouped
+    by shard, the page's labels, and the three of the page's utilisation.
 
     The counts are grouped in the database, one pass over each table, and the shards (a few thousand
     rows at most) are ordered and cut into pages here, so any order costs the same."""
