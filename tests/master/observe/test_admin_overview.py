@@ -70,6 +70,9 @@ def test_overview_shows_each_shard_online_or_offline_with_counts(fleet, staff, h
     assert ">online</span>" in lab1 and ">offline</span>" in lab2
     assert "1 Ready" in lab1 and "1 Running" in lab1 and "1 Repairing" in lab1 and "3 hosts" in lab1
     assert [cell(lab1, c) for c in ("queued", "running", "failed")] == ["1", "1", "1"]
+    assert f'href="/admin/common/shard/{fleet.lab1.id}/change/"' in lab1
+    assert f'href="/admin/common/host/?shard__id__exact={fleet.lab1.id}"' in lab1
+    assert f'href="/admin/common/job/?shard__id__exact={fleet.lab1.id}&amp;status__exact=Failed"' in lab1
     assert cell(lab2, "fs-age") == "never" and "1 Ready" in lab2
     assert [cell(lab2, c) for c in ("queued", "running", "failed")] == ["0", "0", "0"]
     # The fleet's totals above the list: shards by state, hosts by status, jobs.
