@@ -204,7 +204,7 @@ def parse_page(raw: str | None) -> int:
     if raw is None or raw == "":
         return 1
     if not raw.isascii() or not raw.isdigit() or len(raw) > 9 or int(raw) < 1:
-        raise OverviewError(f"page must be a whole number from 1, not {raw[:40]!r}")
+        raise OverviewError(f"page must be a whole number from 1 to 999999999, not {raw[:40]!r}")
     return int(raw)
 
 

@@ -174,12 +174,12 @@ def test_the_shard_list_is_paged_worst_first_sortable_and_searchable(staff):
 @pytest.mark.parametrize(
     "query, status, message",
     [
-        ("page=-1", 400, "page must be a whole number from 1, not '-1'"),
-        ("page=0", 400, "page must be a whole number from 1, not '0'"),
-        ("page=abc", 400, "page must be a whole number from 1, not 'abc'"),
-        ("page=1.5", 400, "page must be a whole number from 1, not '1.5'"),
+        ("page=-1", 400, "page must be a whole number from 1 to 999999999, not '-1'"),
+        ("page=0", 400, "page must be a whole number from 1 to 999999999, not '0'"),
+        ("page=abc", 400, "page must be a whole number from 1 to 999999999, not 'abc'"),
+        ("page=1.5", 400, "page must be a whole number from 1 to 999999999, not '1.5'"),
         ("page=%D9%A3", 400, "page must be a whole number from 1"),  # an Arabic-Indic three
-        ("page=99999999999999999999999", 400, "page must be a whole number from 1"),
+        ("page=99999999999999999999999", 400, "from 1 to 999999999, not '99999999999999999999999'"),
         ("page=2", 404, "page 2 does not exist: there is 1"),
         ("page=100000", 404, "page 100000 does not exist: there is 1"),
         ("sort=size", 400, "sort must be one of worst, name, heartbeat, hosts, not 'size'"),
