@@ -7,7 +7,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
-from django.db.models import Count, QuerySet
+from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery, Value
+from django.db.models.functions import Coalesce
 from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.html import format_html
@@ -107,10 +108,25 @@ class HostColumns(_HostAdmin):
 
 
 class JobColumns(_JobAdmin):
-    """The job columns both admins show; the HQE count is annotated, not queried per row."""
+    """The job columns both admins show; the HQE count is annotated, not queried per row.
+
+    A correlated subquery, not a join with GROUP BY: the database counts the HQEs of the page's rows
+    only, and the paginator's COUNT(*) (which drops an annotation nothing filters or orders by) reads
+    the jobs alone instead of grouping every job with its HQEs."""
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
-        return super().get_queryset(request).annotate(hqe_count=Count("hqes"))
+        hqes = (
+            HostQueueEntry.objects.filter(job=OuterRef("pk"))
+            .order_by()
+            .values("job")
+            .annotate(n=Count("pk"))
+            .values("n")
+        )
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(hqe_count=Coalesce(Subquery(hqes, output_field=IntegerField()), Value(0)))
+        )
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj: Job) -> SafeString:
@@ -123,7 +139,8 @@ class JobColumns(_JobAdmin):
         """Words, not Django's red cross: not being aborted is the normal state, no error."""
         return "yes" if obj.aborted else "no"
 
-    @admin.display(description="HQEs", ordering="hqe_count")
+    # Not sortable: sorting by it counts the HQEs of every job, where a page counts its own rows only.
+    @admin.display(description="HQEs")
     def hqe_count(self, obj: Job) -> int:
         count: int = obj.hqe_count  # type: ignore[attr-defined]  # annotated by get_queryset
         return count

@@ -20,6 +20,7 @@ class AuditRecordAdmin(admin.ModelAdmin):
     list_filter = ["action"]
     search_fields = ["actor", "reason", "targets__name"]
     date_hierarchy = "at"
+    show_full_result_count = False  # the trail only grows: no second COUNT(*) of all of it per page
     readonly_fields = ["at", "actor", "user", "action", "objects", "reason", "details"]
     fields = tuple(readonly_fields)
 

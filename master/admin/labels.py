@@ -4,6 +4,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -12,7 +13,16 @@ from common.models import Label
 from master import services
 from master.admin.base import ServiceAdmin, form_action, listed, names_of, with_moves
 from master.admin.forms import LabelCreateForm
-from master.observe.overview import annotate_labels
+from master.observe.overview import count_label_hosts
+
+
+class LabelChangeList(ChangeList):
+    """Counts the hosts of the page's labels once the page is cut: one grouped query."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        self.result_list = list(self.result_list)
+        count_label_hosts(self.result_list)
 
 
 @admin.register(Label)
@@ -26,10 +36,18 @@ class LabelAdmin(ServiceAdmin):
     actions = ["delete_labels"]
     add_form = LabelCreateForm
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet[Label]:
-        return annotate_labels(super().get_queryset(request))
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return LabelChangeList
 
-    @admin.display(description="hosts Ready", ordering="hosts_ready")
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Label | None:
+        label = super().get_object(request, object_id, from_field)
+        if label is not None:
+            count_label_hosts([label])
+        return label
+
+    # Not sortable: the page's labels are counted after the page is cut (LabelChangeList); sorting
+    # would count every label's hosts (0.7 s at 500 labels of 200). The filter and search find one.
+    @admin.display(description="hosts Ready")
     def hosts_ready(self, obj: Label) -> str:
         return f"{obj.hosts_ready} of {obj.hosts_total}"  # type: ignore[attr-defined]
 

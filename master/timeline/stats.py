@@ -123,6 +123,7 @@ def _waits(s: Scope, key: str) -> dict[str, tuple[float | None, float | None]]:
         return {k: (p50, p95) for k, p50, p95 in cursor.fetchall()}
 
 
-def utilisation_by_shard(now: datetime) -> list[dict[str, Any]]:
-    """The fleet overview's table: each shard over the last 24 hours."""
-    return stats(Scope(now, since=now - DEFAULT_WINDOW), by="shard")
+def utilisation_by_shard(now: datetime, shards: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The fleet overview's table: these shards (the overview's page of them) over the last 24 hours;
+    none when `shards` is empty (where a Scope would mean every shard)."""
+    return stats(Scope(now, shards=shards, since=now - DEFAULT_WINDOW), by="shard") if shards else []

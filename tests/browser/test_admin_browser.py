@@ -154,15 +154,19 @@ def test_login_and_the_fleet_overview_shows_the_shard_online(world: World, chrom
     page = context.new_page()
     try:
         login(page, world.master.url, "/admin/fleet/")
-        live = page.locator(f'.fs-card[data-shard="{LIVE}"]')
+        live = page.locator(f'#fs-shards tr[data-shard="{LIVE}"]')
         expect(live.locator(".fs-state")).to_have_text("online")
         expect(live).to_contain_text("4 hosts")
         expect(live).to_contain_text("4 Ready")
         expect(live).to_contain_text("1 locked")
-        expect(live).to_contain_text("client 0.1.0")
-        offline = page.locator(f'.fs-card[data-shard="{OFFLINE}"]')
+        expect(live).to_contain_text("0.1.0")
+        offline = page.locator(f'#fs-shards tr[data-shard="{OFFLINE}"]')
         expect(offline.locator(".fs-state")).to_have_text("offline")
-        expect(offline).to_contain_text("last heartbeat never")
+        expect(offline.locator(".fs-age")).to_have_text("never")
+        # Worst first: the shard never heard from is listed above the one online.
+        expect(page.locator("#fs-shards tbody tr").first).to_have_attribute("data-shard", OFFLINE)
+        expect(page.locator("#fs-late")).to_have_text("0 late")
+        expect(page.locator("#fs-never")).to_have_text("1 never seen")
         expect(page.locator('tr[data-label="board:sunfish"] .fs-ready')).to_have_text("3 of 4")
         expect(page.locator('tr[data-label="pool:ui-bvt"] .fs-ready')).to_have_text("4 of 4")
         # 10 h of runs on 4 hosts over 24 h
@@ -172,6 +176,11 @@ def test_login_and_the_fleet_overview_shows_the_shard_online(world: World, chrom
         expect(page.locator("#fs-summary")).not_to_have_text(drawn, timeout=15_000)
         expect(live.locator(".fs-state")).to_have_text("online")
         screenshot(page, "admin-overview.png")
+        # The search narrows the list to the shards whose name contains it.
+        page.fill('#fs-search input[name="q"]', LIVE)
+        page.click('#fs-search input[type="submit"]')
+        expect(page.locator("#fs-shards tbody tr")).to_have_count(1)
+        expect(page.locator("#fs-shards tbody tr").first).to_have_attribute("data-shard", LIVE)
     finally:
         context.close()
 

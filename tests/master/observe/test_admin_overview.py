@@ -9,7 +9,8 @@ from django.utils import timezone
 
 from common.models import Host, HostQueueEntry, Job, Shard
 from common.wire import format_time
-from master.observe.overview import fleet_snapshot
+from master.observe.overview import PAGE_SIZE, fleet_snapshot
+from tests.master.rows import add_rows
 from tests.support import assert_status
 
 
@@ -24,8 +25,15 @@ def hid(name: str) -> int:
     return Host.objects.get(hostname=name).id
 
 
-def card(page: str, shard: str) -> str:
-    return page.split(f'data-shard="{shard}"')[1].split('class="fs-card')[0]
+def shard_line(page: str, shard: str) -> str:
+    """A shard's line in the overview's shard list."""
+    return page.split('<tr class="fs-line', 1)[1].split(f'data-shard="{shard}"')[1].split("</tr>")[0]
+
+
+def cell(row: str, name: str) -> str:
+    """The text of a line's cell of this class (its link's text when it has one)."""
+    inner = row.split(f'<td class="{name}')[1].split("</td>")[0]
+    return inner.split(">", 1)[1].replace("</a>", "").rsplit(">", 1)[-1]
 
 
 def test_overview_is_for_staff_only(fleet):
@@ -58,11 +66,22 @@ def test_overview_shows_each_shard_online_or_offline_with_counts(fleet, staff, h
     HostQueueEntry.objects.filter(id=hqe_o.id).update(finished_on=now - timedelta(days=2))
 
     page = staff.get("/admin/fleet/").content.decode()
-    lab1, lab2 = card(page, "lab1"), card(page, "lab2")
+    lab1, lab2 = shard_line(page, "lab1"), shard_line(page, "lab2")
     assert ">online</span>" in lab1 and ">offline</span>" in lab2
     assert "1 Ready" in lab1 and "1 Running" in lab1 and "1 Repairing" in lab1 and "3 hosts" in lab1
-    assert "<b>1</b>queued" in lab1 and "<b>1</b>running" in lab1 and "<b>1</b>failed (24 h)" in lab1
-    assert "last heartbeat never" in lab2 and "1 Ready" in lab2
+    assert [cell(lab1, c) for c in ("queued", "running", "failed")] == ["1", "1", "1"]
+    assert f'href="/admin/common/shard/{fleet.lab1.id}/change/"' in lab1
+    assert f'href="/admin/common/host/?shard__id__exact={fleet.lab1.id}"' in lab1
+    assert f'href="/admin/common/job/?shard__id__exact={fleet.lab1.id}&amp;status__exact=Failed"' in lab1
+    assert cell(lab2, "fs-age") == "never" and "1 Ready" in lab2
+    assert [cell(lab2, c) for c in ("queued", "running", "failed")] == ["0", "0", "0"]
+    # The fleet's totals above the list: shards by state, hosts by status, jobs.
+    totals = page.split('id="fs-totals"')[1].split("<h2>")[0]
+    assert "1 online" in totals and ">1 late<" not in totals and "1 never seen" in totals
+    assert ">3 Ready<" in totals and ">1 Running<" in totals and ">1 Repairing<" in totals
+    assert "<b>1</b>jobs queued" in totals and "<b>1</b>running" in totals and "<b>1</b>failed (24 h)" in totals
+    # Never heard from comes before online (worst first).
+    assert page.index('data-shard="lab2"') < page.index('data-shard="lab1"')
     assert queued.id and Job.objects.get(id=old_failure.id).status == "Failed"
     assert "1 of 2 shards online" in page
     assert '<meta http-equiv="refresh"' in page
@@ -80,9 +99,10 @@ def test_a_shard_silent_for_three_intervals_is_offline(fleet, heartbeat):
     heartbeat(fleet.lab1, fleet.token1)
     with override_settings(FLEETSHARD_HEARTBEAT_INTERVAL_S=10):
         Shard.objects.filter(id=fleet.lab1.id).update(last_heartbeat=timezone.now() - timedelta(seconds=29))
-        assert [c.online for c in fleet_snapshot().cards] == [True, False]
+        assert [(x.online, x.state) for x in fleet_snapshot(sort="name").lines] == [(True, "online"), (False, "never")]
         Shard.objects.filter(id=fleet.lab1.id).update(last_heartbeat=timezone.now() - timedelta(seconds=31))
-        assert [c.online for c in fleet_snapshot().cards] == [False, False]
+        assert [(x.online, x.state) for x in fleet_snapshot(sort="name").lines] == [(False, "late"), (False, "never")]
+        assert fleet_snapshot().shards == {"total": 2, "online": 0, "late": 1, "never": 1}
 
 
 def test_shard_list_shows_state_age_version_hosts_and_jobs(fleet, staff, heartbeat):
@@ -117,5 +137,64 @@ def test_the_overview_counts_missing_hosts(fleet, staff, heartbeat):
         discovered={"generation": 1, "hosts": [{"hostname": "d1", "labels": ["board:a"]}]},
     )
     heartbeat(fleet.lab1, fleet.token1, discovered={"generation": 2, "hosts": []})
-    lab1 = card(staff.get("/admin/fleet/").content.decode(), "lab1")
+    lab1 = shard_line(staff.get("/admin/fleet/").content.decode(), "lab1")
     assert "1 Missing" in lab1 and "4 hosts" in lab1
+
+
+def test_the_shard_list_is_paged_worst_first_sortable_and_searchable(staff):
+    add_rows(0, 120)
+    now = timezone.now()
+    Shard.objects.update(last_heartbeat=now)
+    Shard.objects.filter(hostname="lab077").update(last_heartbeat=now - timedelta(hours=1))  # late
+    Shard.objects.filter(hostname="lab100").update(last_heartbeat=None)  # never seen
+    Host.objects.filter(hostname="dut050").update(status="Repair Failed")  # trouble
+
+    def shown(url: str) -> list[str]:
+        resp = staff.get(url)
+        assert_status(resp, 200)
+        return [x.shard.hostname for x in resp.context["snapshot"].lines]
+
+    first = shown("/admin/fleet/")
+    assert len(first) == PAGE_SIZE and first[:4] == ["lab077", "lab100", "lab050", "lab000"]
+    page = staff.get("/admin/fleet/").content.decode()
+    assert "Page 1 of 3" in page and "shards 1&ndash;50 of 120" in page and 'rel="next"' in page
+    assert "118 online" in page and ">1 late<" in page and "1 never seen" in page
+    assert len(shown("/admin/fleet/?page=2")) == PAGE_SIZE and len(shown("/admin/fleet/?page=3")) == 20
+    everyone = [name for p in (1, 2, 3) for name in shown(f"/admin/fleet/?page={p}&sort=name")]
+    assert everyone == sorted(f"lab{i:03}" for i in range(120))
+    assert shown("/admin/fleet/?sort=heartbeat")[:2] == ["lab100", "lab077"]
+    assert shown("/admin/fleet/?q=LAB11") == [f"lab11{i}" for i in range(10)]
+    assert shown("/admin/fleet/?q=+lab119+&sort=name") == ["lab119"]
+    # The utilisation table and the labels follow the page: its shards' rows, not the fleet's.
+    snapshot = staff.get("/admin/fleet/?q=lab11").context["snapshot"]
+    assert [row["key"] for row in snapshot.utilisation] == [f"lab11{i}" for i in range(10)]
+    assert [label.name for label in snapshot.labels] == [f"board:11{i}" for i in range(10)]
+
+
+@pytest.mark.parametrize(
+    "query, status, message",
+    [
+        ("page=-1", 400, "page must be a whole number from 1 to 999999999, not '-1'"),
+        ("page=0", 400, "page must be a whole number from 1 to 999999999, not '0'"),
+        ("page=abc", 400, "page must be a whole number from 1 to 999999999, not 'abc'"),
+        ("page=1.5", 400, "page must be a whole number from 1 to 999999999, not '1.5'"),
+        ("page=%D9%A3", 400, "page must be a whole number from 1"),  # an Arabic-Indic three
+        ("page=99999999999999999999999", 400, "from 1 to 999999999, not '99999999999999999999999'"),
+        ("page=2", 404, "page 2 does not exist: there is 1"),
+        ("page=100000", 404, "page 100000 does not exist: there is 1"),
+        ("sort=size", 400, "sort must be one of worst, name, heartbeat, hosts, not 'size'"),
+        ("sort=-name", 400, "sort must be one of worst, name, heartbeat, hosts"),
+        ("q=" + "x" * 256, 400, "q (a part of a shard's name) must be at most 255 characters"),
+        ("q=a%00b", 400, "without NUL"),
+    ],
+)
+def test_a_bad_parameter_gets_a_clear_answer(fleet, staff, query, status, message):
+    resp = staff.get(f"/admin/fleet/?{query}")
+    assert_status(resp, status)
+    assert message in resp.content.decode() and resp["Content-Type"].startswith("text/plain")
+
+
+def test_an_empty_fleet_and_an_empty_page(staff):
+    page = staff.get("/admin/fleet/").content.decode()
+    assert "No shards yet" in page and "0 of 0 shards online" in page
+    assert_status(staff.get("/admin/fleet/?page=1&q=nothing"), 200)
