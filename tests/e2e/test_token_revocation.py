@@ -1,0 +1,76 @@
+"""Two real masters (`manage.py serve`) on loopback sharing one database, each with its token cache:
+a token revoked through one is refused by the other at its very next request (docs/design.md, "The
+token cache"), for the heartbeat and the REST API alike."""
+
+import uuid
+
+import pytest
+import requests
+
+from common.constants import PROTOCOL_VERSION
+from tests.support import free_port, serve, stop
+
+pytestmark = pytest.mark.e2e
+
+MAKE = """
+from master import services
+from master.access.credentials import digest_of
+from master.models import Token
+_, boss = services.create_personal_token("boss", admin=True, acting_user=None)
+ana_token, ana = services.create_personal_token("ana", acting_user=None)
+shard, lab1 = services.create_shard("lab1", [], acting_user=None)
+kept, kept_raw = services.create_shard_token("lab1", acting_user=None)
+lab1_id = Token.objects.get(digest=digest_of(lab1)).id
+result = {"boss": boss, "ana": ana, "ana_id": ana_token.id, "lab1": lab1, "lab1_id": lab1_id, "kept": kept_raw,
+          "kept_id": kept.id}
+"""
+
+
+def heartbeat(url: str, raw: str) -> int:
+    body = {
+        "protocol": PROTOCOL_VERSION,
+        "shard": "lab1",
+        "instance": str(uuid.uuid5(uuid.NAMESPACE_DNS, "lab1")),
+        "client_version": "test",
+        "known_hosts": [],
+        "known_jobs": [],
+        "updates": [],
+    }
+    resp = requests.post(f"{url}/api/v1/heartbeat", json=body, headers={"Authorization": f"Bearer {raw}"}, timeout=10)
+    return resp.status_code
+
+
+def rest(url: str, raw: str) -> int:
+    return requests.get(f"{url}/api/v1/shards/", headers={"Authorization": f"Bearer {raw}"}, timeout=10).status_code
+
+
+def test_a_token_revoked_through_one_master_is_refused_at_once_by_another(own_master):
+    made = own_master.shell(MAKE)
+    port = free_port()
+    other_url = f"http://127.0.0.1:{port}"
+    other = serve(own_master.role, port)
+    try:
+        for url in (own_master.url, other_url):  # each process's cache learns the tokens
+            for _ in range(3):
+                assert heartbeat(url, made["lab1"]) == heartbeat(url, made["kept"]) == 200
+                assert rest(url, made["ana"]) == 200
+        # A row deleted behind every master's back (no news sent) is still accepted from the cache:
+        # the other master's cache is in use, which makes what follows a test of its invalidation.
+        own_master.shell(
+            "from master.models import Token\n"
+            f"result = Token.objects.filter(id={made['kept_id']})._raw_delete('default')"
+        )
+        assert heartbeat(other_url, made["kept"]) == 200
+
+        boss = {"Authorization": f"Bearer {made['boss']}"}
+        resp = requests.delete(f"{own_master.url}/api/v1/tokens/{made['lab1_id']}/", headers=boss, timeout=10)
+        assert resp.status_code == 204
+        assert heartbeat(other_url, made["lab1"]) == 401
+        assert heartbeat(other_url, made["kept"]) == 401  # every cached token was forgotten
+
+        resp = requests.delete(f"{own_master.url}/api/v1/tokens/{made['ana_id']}/", headers=boss, timeout=10)
+        assert resp.status_code == 204
+        assert rest(other_url, made["ana"]) == 401
+        assert rest(own_master.url, made["ana"]) == 401
+    finally:
+        stop(other)
