@@ -10,7 +10,8 @@ the news of that revocation came. A process that never listens (tests, managemen
 the database.
 
 Only what authentication needs is kept, as plain values, and fresh model instances are built from them
-for each request (nothing is shared between requests): the token's row, its user's row, and of its shard
+for each request (nothing is shared between requests): the token's row, its user's row but the password
+hash, and of its shard
 only the id and hostname (every other field of the shard is left deferred, so it is read from the
 database if anything asks). Keys are the tokens' SHA-256 digests, as in the database; nothing else of
 a token is kept.
@@ -35,13 +36,21 @@ from master.models import Token
 SHARD_FIELDS = ("id", "hostname")
 
 
+# Not kept of a user: its password hash (a token is not a password; read if anything asks for it).
+USER_UNCACHED = ("password",)
+
+
+def _names(model: Any) -> tuple[str, ...]:
+    skip = USER_UNCACHED if model is get_user_model() else ()
+    return tuple(f.attname for f in model._meta.concrete_fields if f.attname not in skip)
+
+
 def _values(instance: Any) -> tuple[Any, ...]:
-    return tuple(getattr(instance, f.attname) for f in type(instance)._meta.concrete_fields)
+    return tuple(getattr(instance, name) for name in _names(type(instance)))
 
 
 def _build(model: Any, values: tuple[Any, ...], names: tuple[str, ...] | None = None) -> Any:
-    names = names or tuple(f.attname for f in model._meta.concrete_fields)
-    return model.from_db(DEFAULT_DB_ALIAS, list(names), list(values))
+    return model.from_db(DEFAULT_DB_ALIAS, list(names or _names(model)), list(values))
 
 
 @dataclass

@@ -78,6 +78,17 @@ def test_a_cached_lookup_costs_no_query_and_builds_the_same_token(fleet, cached)
     assert len(cached) == 1
 
 
+def test_a_cached_personal_token_builds_its_user_without_the_password_hash(fleet, cached):
+    _, raw = services.create_personal_token("ana", acting_user=None)
+    services.set_password("ana", "a long passphrase of ana's", acting_user=None)
+    assert lookup_queries(raw) == 1 and lookup_queries(raw) == 0
+    token = find_token(raw)
+    assert token is not None and token.user is not None and token.shard is None
+    assert (token.user.username, token.user.is_active) == ("ana", True)
+    assert "password" in token.user.get_deferred_fields()
+    assert User.objects.get(username="ana").password.split("$")[-1] not in repr(cached._entries)
+
+
 def test_touch_writes_once_a_minute_and_the_cache_learns_it(fleet, cached):
     raw = fleet.token1
     token = find_token(raw)
