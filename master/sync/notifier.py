@@ -35,6 +35,7 @@ from django.db.models.signals import post_delete, post_save
 from common.models import Shard
 from common.pg_deadline import deadline
 from master.access.token_cache import CACHE as TOKEN_CACHE
+from master.access.token_cache import TokenCache
 from master.models import Token
 
 log = logging.getLogger(__name__)
@@ -222,24 +223,27 @@ def socket_dir() -> Path:
 class Listener:
     """The process's one listening thread: PostgreSQL LISTEN, or a datagram socket on SQLite."""
 
-    def __init__(self, board: NewsBoard) -> None:
+    def __init__(self, board: NewsBoard, token_cache: TokenCache | None = None) -> None:
         self.board = board
+        # The process's token cache, which this listener speaks for (the process's own listener only).
+        self.token_cache = token_cache
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="news-listener", daemon=True)
         self._failing = False
 
     def _heard(self) -> None:
-        TOKEN_CACHE.hearing(True)
+        if self.token_cache is not None:
+            self.token_cache.hearing(True)
         self.board.listening(time.monotonic())
         if self._failing:
             log.warning("change notifications heard again")
             self._failing = False
 
-    @staticmethod
-    def _payload(payload: str) -> set[int]:
+    def _payload(self, payload: str) -> set[int]:
         """The shard ids a payload names; the news that tokens changed empties the token cache at once."""
         if payload == TOKENS_PAYLOAD:
-            TOKEN_CACHE.invalidate()
+            if self.token_cache is not None:
+                self.token_cache.invalidate()
             return set()
         return decode(payload)
 
@@ -256,7 +260,8 @@ class Listener:
                 else:
                     log.debug("change notifications still lost: %s", exc)
                 self._failing = True
-            TOKEN_CACHE.hearing(False)
+            if self.token_cache is not None:
+                self.token_cache.hearing(False)
             if self.stop.is_set():
                 self.board.close()
             self.board.listening(None)
@@ -329,7 +334,7 @@ def news_board() -> NewsBoard:
     with _start_lock:
         if _board is None or _pid != os.getpid():
             _board = NewsBoard(settings.FLEETSHARD_LONGPOLL_MAX_WAITS)
-            _listener = Listener(_board)
+            _listener = Listener(_board, TOKEN_CACHE)
             _pid = os.getpid()
             _listener.thread.start()
         return _board
