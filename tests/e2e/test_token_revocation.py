@@ -2,13 +2,17 @@
 a token revoked through one is refused by the other at its very next request (docs/design.md, "The
 token cache"), for the heartbeat and the REST API alike."""
 
+import shutil
+import tempfile
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import requests
 
 from common.constants import PROTOCOL_VERSION
-from tests.support import free_port, serve, stop, wait_until
+from tests.support import Master, Role, drop_database, free_port, fresh_database_url, serve, stop, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -39,6 +43,27 @@ else:
 """
 
 
+@pytest.fixture
+def two_masters() -> Iterator[tuple[Master, Master]]:
+    """Two `serve` on one database and one data directory, short enough for the SQLite listeners'
+    sockets under any pytest temporary directory (a longer one leaves them deaf, and their caches unused)."""
+    data_dir = Path(tempfile.mkdtemp(prefix="fs-tok-", dir="/tmp"))
+    url = fresh_database_url(data_dir, "master")
+    role = Role("master", url, data_dir, {})
+    role.manage("migrate", "--noinput")
+    masters: list[Master] = []
+    try:
+        for _ in range(2):
+            port = free_port()
+            masters.append(Master(role, f"http://127.0.0.1:{port}", serve(role, port)))
+        yield masters[0], masters[1]
+    finally:
+        for master in masters:
+            stop(master.proc)
+        drop_database(url)
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
 def heartbeat(url: str, raw: str) -> int:
     body = {
         "protocol": PROTOCOL_VERSION,
@@ -57,35 +82,39 @@ def rest(url: str, raw: str) -> int:
     return requests.get(f"{url}/api/v1/shards/", headers={"Authorization": f"Bearer {raw}"}, timeout=10).status_code
 
 
-def test_a_token_revoked_through_one_master_is_refused_at_once_by_another(own_master):
-    made = own_master.shell(MAKE)
-    port = free_port()
-    other_url = f"http://127.0.0.1:{port}"
-    other = serve(own_master.role, port)
+def test_a_token_revoked_through_one_master_is_refused_at_once_by_another(two_masters):
+    one, other = two_masters
+    made = one.shell(MAKE)
+    # Serving before listening is possible (the listener is a thread of its own): wait for both.
+    seen: list[object] = []
+
+    def both_listen() -> bool:
+        seen.append(one.shell(LISTENERS))
+        return seen[-1] == 2
+
     try:
-        # Serving before listening is possible (the listener is a thread of its own): wait for both.
-        wait_until(lambda: own_master.shell(LISTENERS) == 2, timeout=60, interval=0.5, what="both masters to listen")
-        for url in (own_master.url, other_url):  # each process's cache learns the tokens
-            for _ in range(3):
-                assert heartbeat(url, made["lab1"]) == heartbeat(url, made["kept"]) == 200
-                assert rest(url, made["ana"]) == 200
-        # A row deleted behind every master's back (no news sent) is still accepted from the cache:
-        # the other master's cache is in use, which makes what follows a test of its invalidation.
-        own_master.shell(
-            "from master.models import Token\n"
-            f"result = Token.objects.filter(id={made['kept_id']})._raw_delete('default')"
-        )
-        assert heartbeat(other_url, made["kept"]) == 200, "the other master's cache is not in use"
+        wait_until(both_listen, timeout=60, interval=0.5, what="both masters to listen")
+    except AssertionError:
+        logs = "".join(p.read_text() for p in one.role.data_dir.glob("master*.log"))
+        raise AssertionError(f"listening: {seen[-1]}\n{logs[-3000:]}") from None
+    for url in (one.url, other.url):  # each process's cache learns the tokens
+        for _ in range(3):
+            assert heartbeat(url, made["lab1"]) == heartbeat(url, made["kept"]) == 200
+            assert rest(url, made["ana"]) == 200
+    # A row deleted behind every master's back (no news sent) is still accepted from the cache: the
+    # other master's cache is in use, which makes what follows a test of its invalidation.
+    one.shell(
+        f"from master.models import Token\nresult = Token.objects.filter(id={made['kept_id']})._raw_delete('default')"
+    )
+    assert heartbeat(other.url, made["kept"]) == 200, "the other master's cache is not in use"
 
-        boss = {"Authorization": f"Bearer {made['boss']}"}
-        resp = requests.delete(f"{own_master.url}/api/v1/tokens/{made['lab1_id']}/", headers=boss, timeout=10)
-        assert resp.status_code == 204
-        assert heartbeat(other_url, made["lab1"]) == 401
-        assert heartbeat(other_url, made["kept"]) == 401  # every cached token was forgotten
+    boss = {"Authorization": f"Bearer {made['boss']}"}
+    resp = requests.delete(f"{one.url}/api/v1/tokens/{made['lab1_id']}/", headers=boss, timeout=10)
+    assert resp.status_code == 204
+    assert heartbeat(other.url, made["lab1"]) == 401
+    assert heartbeat(other.url, made["kept"]) == 401  # every cached token was forgotten
 
-        resp = requests.delete(f"{own_master.url}/api/v1/tokens/{made['ana_id']}/", headers=boss, timeout=10)
-        assert resp.status_code == 204
-        assert rest(other_url, made["ana"]) == 401
-        assert rest(own_master.url, made["ana"]) == 401
-    finally:
-        stop(other)
+    resp = requests.delete(f"{one.url}/api/v1/tokens/{made['ana_id']}/", headers=boss, timeout=10)
+    assert resp.status_code == 204
+    assert rest(other.url, made["ana"]) == 401
+    assert rest(one.url, made["ana"]) == 401
