@@ -423,7 +423,8 @@ def main() -> None:
     dbname = f"fleet_bench_{uuid.uuid4().hex[:8]}"
     url = create_database(dbname)
     data_dir = Path(tempfile.mkdtemp(prefix="fleetshard-fleet-"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETSHARD_")}
+    # FLEETSHARD_TOKEN_CACHE passes through, to measure the master with its token cache off (0).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETSHARD_") or k == "FLEETSHARD_TOKEN_CACHE"}
     env.update(
         DATABASE_URL=url,
         FLEETSHARD_ROLE="master",

@@ -10,6 +10,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from common.models import Shard
+from master.access.token_cache import CACHE, Entry
 from master.models import Token
 
 TOKEN_PREFIX = "fs_"
@@ -33,11 +34,20 @@ def issue_token(*, user: User | None = None, shard: Shard | None = None, descrip
 
 
 def find_token(raw: str) -> Token | None:
-    """The token matching `raw`, compared in constant time after the indexed lookup by digest."""
+    """The token matching `raw`, compared in constant time after the lookup by digest: in this
+    process's token cache while it is trusted (master/access/token_cache.py), else in the database
+    (and then kept in the cache, unless news of a change came while the query ran)."""
     digest = digest_of(raw)
+    generation = CACHE.generation()
+    if generation is not None:
+        entry = CACHE.get(digest)
+        if entry is not None and hmac.compare_digest(entry.digest, digest):
+            return entry.build()
     token = Token.objects.select_related("user", "shard").filter(digest=digest).first()
     if token is None or not hmac.compare_digest(token.digest, digest):
         return None
+    if generation is not None:
+        CACHE.put(Entry.of(token), generation)
     return token
 
 
@@ -64,4 +74,7 @@ def touch(token: Token, now: datetime | None = None) -> bool:
     )
     if written:
         token.last_used = now
+    # Written now or by another request within the minute: the cached row need not try again before
+    # the minute is out.
+    CACHE.used(token.digest, now)
     return bool(written)

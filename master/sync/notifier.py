@@ -9,6 +9,11 @@ process's `NewsBoard`, never on the database: no connection per waiting shard, n
 The board remembers when each shard last had news, so a long-poll says how long ago its shard's last
 heartbeat was sent and learns at once of a change that came in between: nothing falls through the gap
 between a heartbeat and the next wait. A lost notification only delays a shard to its next interval.
+
+The same channel carries the news that a token, a user or a shard changed (`tokens_changed`, sent by
+signal handlers below): each process then empties its token cache (master/access/token_cache.py), which
+it trusts only while its listener hears. That news is sent within the changing transaction on PostgreSQL
+(NOTIFY is delivered at commit, or never if it rolls back), not after it as the shards' news is.
 """
 
 import logging
@@ -23,13 +28,22 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import connection, connections, transaction
+from django.db.models.signals import post_delete, post_save
 
+from common.models import Shard
 from common.pg_deadline import deadline
+from master.access.token_cache import CACHE as TOKEN_CACHE
+from master.access.token_cache import TokenCache
+from master.models import Token
 
 log = logging.getLogger(__name__)
 
 CHANNEL = "fleetshard_shards"
+# The payload saying that tokens, users or shards changed: every token cache is emptied. Not a shard id,
+# so a process that predates the token cache ignores it (decode).
+TOKENS_PAYLOAD = "tokens"
 # NOTIFY payloads are limited to 8000 bytes; a datagram to a little more than that is always sent whole.
 MAX_PAYLOAD = 7000
 LISTEN_POLL_S = 1.0
@@ -209,17 +223,29 @@ def socket_dir() -> Path:
 class Listener:
     """The process's one listening thread: PostgreSQL LISTEN, or a datagram socket on SQLite."""
 
-    def __init__(self, board: NewsBoard) -> None:
+    def __init__(self, board: NewsBoard, token_cache: TokenCache | None = None) -> None:
         self.board = board
+        # The process's token cache, which this listener speaks for (the process's own listener only).
+        self.token_cache = token_cache
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="news-listener", daemon=True)
         self._failing = False
 
     def _heard(self) -> None:
+        if self.token_cache is not None:
+            self.token_cache.hearing(True)
         self.board.listening(time.monotonic())
         if self._failing:
             log.warning("change notifications heard again")
             self._failing = False
+
+    def _payload(self, payload: str) -> set[int]:
+        """The shard ids a payload names; the news that tokens changed empties the token cache at once."""
+        if payload == TOKENS_PAYLOAD:
+            if self.token_cache is not None:
+                self.token_cache.invalidate()
+            return set()
+        return decode(payload)
 
     def _run(self) -> None:
         listen = self._listen_postgres if _is_postgres() else self._listen_socket
@@ -234,6 +260,8 @@ class Listener:
                 else:
                     log.debug("change notifications still lost: %s", exc)
                 self._failing = True
+            if self.token_cache is not None:
+                self.token_cache.hearing(False)
             if self.stop.is_set():
                 self.board.close()
             self.board.listening(None)
@@ -263,7 +291,7 @@ class Listener:
                     conn.poll()
                 ids: set[int] = set()
                 while conn.notifies:
-                    ids |= decode(conn.notifies.pop(0).payload)
+                    ids |= self._payload(conn.notifies.pop(0).payload)
                 if ids:
                     self.board.publish(ids)
         finally:
@@ -286,7 +314,7 @@ class Listener:
                     data = sock.recv(MAX_PAYLOAD * 2)
                 except TimeoutError:
                     continue
-                ids = decode(data.decode("ascii", "replace"))
+                ids = self._payload(data.decode("ascii", "replace"))
                 if ids:
                     self.board.publish(ids)
         finally:
@@ -306,7 +334,7 @@ def news_board() -> NewsBoard:
     with _start_lock:
         if _board is None or _pid != os.getpid():
             _board = NewsBoard(settings.FLEETSHARD_LONGPOLL_MAX_WAITS)
-            _listener = Listener(_board)
+            _listener = Listener(_board, TOKEN_CACHE)
             _pid = os.getpid()
             _listener.thread.start()
         return _board
@@ -377,3 +405,48 @@ def shards_changed(shard_ids: Iterable[int | None]) -> None:
     if ids:
         payloads = encode(ids)
         transaction.on_commit(lambda: _send(payloads), robust=True)
+
+
+def tokens_changed() -> None:
+    """Within a transaction that changes a token, a user or a shard: every process's token cache is
+    emptied. This process's at once and again at commit; the others' when they hear the news, which on
+    PostgreSQL is sent in this transaction (delivered at its commit, with it, or never), on SQLite to each
+    serving process's socket once it commits. Nothing is sent while the cache is off (no process keeps one)."""
+    TOKEN_CACHE.invalidate()
+    if not TOKEN_CACHE.enabled():
+        return
+    transaction.on_commit(TOKEN_CACHE.invalidate, robust=True)
+    if _is_postgres():
+        # Not caught: a change whose news cannot be sent must not commit, or other processes would
+        # accept a revoked token for as long as they keep it.
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_notify(%s, %s)", [CHANNEL, TOKENS_PAYLOAD])
+    else:
+        transaction.on_commit(lambda: _send([TOKENS_PAYLOAD]), robust=True)
+
+
+def _token_saved(sender: Any, instance: Any, created: bool, update_fields: Any = None, **kwargs: Any) -> None:
+    # A new row is in no cache (misses are not kept).
+    if not created and _may_change_authentication(sender, update_fields):
+        tokens_changed()
+
+
+def _may_change_authentication(model: Any, update_fields: Any) -> bool:
+    """Whether a save writing `update_fields` (None: all) may change what a cached token answers: not
+    a login's last_login, a password (a token is not one), a token's last_used, nor any column of a
+    shard but its hostname (the others change with each heartbeat and are never cached)."""
+    if update_fields is None:
+        return True
+    fields = set(update_fields)
+    if model is Shard:
+        return "hostname" in fields
+    return not fields <= {"last_login", "password", "last_used"}
+
+
+def _token_deleted(sender: Any, instance: Any, **kwargs: Any) -> None:
+    tokens_changed()
+
+
+for _model in (Token, get_user_model(), Shard):
+    post_save.connect(_token_saved, sender=_model, dispatch_uid=f"token-cache-save-{_model._meta.label}")
+    post_delete.connect(_token_deleted, sender=_model, dispatch_uid=f"token-cache-delete-{_model._meta.label}")

@@ -146,6 +146,13 @@ FLEETSHARD_EXPORTS_PER_PROCESS = _export_count("FLEETSHARD_EXPORTS_PER_PROCESS",
 FLEETSHARD_EXPORT_DEADLINE_S = _export_deadline("FLEETSHARD_EXPORT_DEADLINE_S", "300")
 FLEETSHARD_LONGPOLL_MAX_WAITS = int(os.environ.get("FLEETSHARD_LONGPOLL_MAX_WAITS", "1000"))
 FLEETSHARD_LONGPOLL_MAX_S = 60.0
+# How many tokens each serving process keeps in its token cache (master/access/token_cache.py); 0 turns
+# it off. Every master sharing a database must agree on on or off: a master with it off does not send
+# the news that empties the others' caches when a token, a user or a shard changes.
+_token_cache = os.environ.get("FLEETSHARD_TOKEN_CACHE", "20000")
+if not (_token_cache.strip().isascii() and _token_cache.strip().isdigit()):
+    raise RuntimeError(f"FLEETSHARD_TOKEN_CACHE must be a whole number (0: no cache), not {_token_cache!r}")
+FLEETSHARD_TOKEN_CACHE = int(_token_cache)
 
 # A host event whose `at` is older than this many days is rejected (docs/protocol.md, "Host events").
 FLEETSHARD_HOST_EVENT_MAX_AGE_DAYS = env_days("FLEETSHARD_HOST_EVENT_MAX_AGE_DAYS", "7")

@@ -31,3 +31,6 @@ INSTALLED_APPS = [*MASTER_APPS, *(app for app in SHARD_APPS if app not in MASTER
 FLEETSHARD_CGROUP_NAME = os.environ.setdefault("FLEETSHARD_CGROUP_NAME", f"fleetshard-test-{os.getpid()}")
 # The suite's timelines are set on fixed days of November 2026, which must not age out of the window.
 FLEETSHARD_HOST_EVENT_MAX_AGE_DAYS = 36500.0
+# Off, so that whether a test's queries include the token lookup does not hang on whether an earlier
+# test of the session started this process's change listener; the cache's tests turn it on.
+FLEETSHARD_TOKEN_CACHE = 0

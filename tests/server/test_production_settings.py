@@ -119,6 +119,12 @@ def test_a_bad_hsts_value_is_refused_by_name(tmp_path):
     assert "FLEETSHARD_HSTS_SECONDS must be a whole number of seconds (0: no HSTS), not 'a year'" in proc.stderr
 
 
+def test_a_bad_token_cache_size_is_refused_by_name(tmp_path):
+    proc = role("master", tmp_path, FLEETSHARD_TOKEN_CACHE="-5").manage("check", check=False)
+    assert proc.returncode == 1
+    assert "FLEETSHARD_TOKEN_CACHE must be a whole number (0: no cache), not '-5'" in proc.stderr
+
+
 @pytest.mark.parametrize(
     ("where", "name", "low"),
     [

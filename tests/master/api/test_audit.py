@@ -120,7 +120,8 @@ def test_the_trail_is_read_only_and_needs_a_sign_in(fleet, staff, anonymous):
 def test_the_list_costs_a_fixed_number_of_queries(fleet, staff, django_assert_num_queries):
     services.lock_hosts(["a1", "a2", "a3"], "x", acting_user=None)
     _list(staff)  # the token's first use is written once; later requests only read it
-    # The token with its user; the count; the page; the targets of the page's records.
+    # The token with its user (none when cached: tests/master/access/test_token_cache.py); the count;
+    # the page; the targets of the page's records.
     with django_assert_num_queries(4):
         small = _list(staff, limit=2)
     for _ in range(20):

@@ -286,6 +286,8 @@ def test_response_is_cut_at_its_bound_with_more(fleet, heartbeat, settings):
 # and the read are two statements in a transaction (its savepoint pair, inside the test's).
 QUERIES_PER_HEARTBEAT = 22
 QUERIES_PER_FIRST_HEARTBEAT = QUERIES_PER_HEARTBEAT + 3
+# With the token found by its query (the suite runs with the token cache off); one fewer when the
+# serving process has it cached (tests/master/access/test_token_cache.py).
 QUERIES_PER_QUIET_HEARTBEAT = {"postgresql": 2, "sqlite": 5}
 
 

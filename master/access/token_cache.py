@@ -1,0 +1,154 @@
+"""A per-process cache of the tokens that authenticated lately, so that a heartbeat or a REST request
+with a known token costs no query to find it (docs/design.md, "The token cache").
+
+It is trusted only while this process hears every change to tokens, users and shards: the change
+listener (master/sync/notifier.py) says when it starts hearing (`hearing(True)`) and when it may have
+stopped (`hearing(False)`), and passes on each change it hears (`invalidate`). Each of those empties the
+cache and bumps its generation, and a lookup fills the cache only if the generation it saw before its
+query is still the current one: a row read before a revocation committed never lands in the cache after
+the news of that revocation came. A process that never listens (tests, management commands) always asks
+the database.
+
+Only what authentication needs is kept, as plain values, and fresh model instances are built from them
+for each request (nothing is shared between requests): the token's row, its user's row but the password
+hash, and of its shard
+only the id and hostname (every other field of the shard is left deferred, so it is read from the
+database if anything asks). Keys are the tokens' SHA-256 digests, as in the database; nothing else of
+a token is kept.
+"""
+
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import DEFAULT_DB_ALIAS
+
+from common.models import Shard
+from master.models import Token
+
+# What of a shard a cached token keeps: the heartbeat and ShardPrincipal need no more (every other
+# field changes with each heartbeat and is read from the database when asked for).
+SHARD_FIELDS = ("id", "hostname")
+
+
+# Not kept of a user: its password hash (a token is not a password; read if anything asks for it).
+USER_UNCACHED = ("password",)
+
+
+def _names(model: Any) -> tuple[str, ...]:
+    skip = USER_UNCACHED if model is get_user_model() else ()
+    return tuple(f.attname for f in model._meta.concrete_fields if f.attname not in skip)
+
+
+def _values(instance: Any) -> tuple[Any, ...]:
+    return tuple(getattr(instance, name) for name in _names(type(instance)))
+
+
+def _build(model: Any, values: tuple[Any, ...], names: tuple[str, ...] | None = None) -> Any:
+    return model.from_db(DEFAULT_DB_ALIAS, list(names or _names(model)), list(values))
+
+
+@dataclass
+class Entry:
+    """A token's row and its owner's, as the lookup read them."""
+
+    digest: str
+    token: tuple[Any, ...]
+    user: tuple[Any, ...] | None
+    shard: tuple[Any, ...] | None
+    last_used: datetime | None
+
+    @classmethod
+    def of(cls, token: Token) -> "Entry":
+        user = _values(token.user) if token.user is not None else None
+        shard = (token.shard.id, token.shard.hostname) if token.shard is not None else None
+        return cls(token.digest, _values(token), user, shard, token.last_used)
+
+    def build(self) -> Token:
+        """A new Token, with its user or shard, as find_token returns them."""
+        token: Token = _build(Token, self.token)
+        token.last_used = self.last_used
+        token.user = _build(get_user_model(), self.user) if self.user is not None else None
+        token.shard = _build(Shard, self.shard, SHARD_FIELDS) if self.shard is not None else None
+        return token
+
+
+class TokenCache:
+    """Token digest → Entry, the least recently used dropped beyond `size` entries; one per process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, Entry] = OrderedDict()
+        self._generation = 0
+        # The process whose listener hears every change; None while none is sure to (a fork's child
+        # inherits the parent's value, and must not trust it).
+        self._hearing_pid: int | None = None
+
+    @staticmethod
+    def size() -> int:
+        return int(getattr(settings, "FLEETSHARD_TOKEN_CACHE", 0))
+
+    def enabled(self) -> bool:
+        return self.size() > 0
+
+    def trusted(self) -> bool:
+        return self._hearing_pid == os.getpid() and self.enabled()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def generation(self) -> int | None:
+        """The generation to hand back to `put` after a lookup; None when the cache must not be used."""
+        with self._lock:
+            return self._generation if self.trusted() else None
+
+    def get(self, digest: str) -> Entry | None:
+        with self._lock:
+            if not self.trusted():
+                return None
+            entry = self._entries.get(digest)
+            if entry is not None:
+                self._entries.move_to_end(digest)
+            return entry
+
+    def put(self, entry: Entry, generation: int) -> bool:
+        """Keeps `entry`, read from the database after `generation` was current; False (dropped) when
+        news came since, since the row may have been read before the change it announced committed."""
+        size = self.size()
+        with self._lock:
+            if generation != self._generation or not self.trusted():
+                return False
+            self._entries[entry.digest] = entry
+            self._entries.move_to_end(entry.digest)
+            while len(self._entries) > size:
+                self._entries.popitem(last=False)
+            return True
+
+    def used(self, digest: str, when: datetime) -> None:
+        """The token's last_used is known to be `when` or later (touch wrote it, or another did)."""
+        with self._lock:
+            entry = self._entries.get(digest)
+            if entry is not None and (entry.last_used is None or entry.last_used < when):
+                entry.last_used = when
+
+    def invalidate(self) -> None:
+        """A token, user or shard changed somewhere: forget everything, and any fill under way."""
+        with self._lock:
+            self._entries.clear()
+            self._generation += 1
+
+    def hearing(self, sure: bool) -> None:
+        """The listener (re)connected (`sure`), or may miss changes from now on: either way what is
+        kept may be stale."""
+        with self._lock:
+            self._entries.clear()
+            self._generation += 1
+            self._hearing_pid = os.getpid() if sure else None
+
+
+CACHE = TokenCache()
