@@ -19,8 +19,9 @@ a token is kept.
 
 import os
 import threading
+import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -35,6 +36,11 @@ from master.models import Token
 # field changes with each heartbeat and is read from the database when asked for).
 SHARD_FIELDS = ("id", "hostname")
 
+
+# However sure the listener is, an entry is used for at most this long: it bounds what news a process
+# could miss without knowing (a listening connection dropped in silence is noticed only within about
+# 15 s; a master of an older release, during a rolling upgrade, sends no news of its changes).
+MAX_AGE_S = 60.0
 
 # Not kept of a user: its password hash (a token is not a password; read if anything asks for it).
 USER_UNCACHED = ("password",)
@@ -62,6 +68,7 @@ class Entry:
     user: tuple[Any, ...] | None
     shard: tuple[Any, ...] | None
     last_used: datetime | None
+    kept_at: float = field(default_factory=time.monotonic)  # when it was read from the database
 
     @classmethod
     def of(cls, token: Token) -> "Entry":
@@ -112,8 +119,12 @@ class TokenCache:
             if not self.trusted():
                 return None
             entry = self._entries.get(digest)
-            if entry is not None:
-                self._entries.move_to_end(digest)
+            if entry is None:
+                return None
+            if time.monotonic() - entry.kept_at >= MAX_AGE_S:
+                del self._entries[digest]
+                return None
+            self._entries.move_to_end(digest)
             return entry
 
     def put(self, entry: Entry, generation: int) -> bool:

@@ -2,6 +2,7 @@
 by every change to a token, a user or a shard, never filled with a row read before such a change."""
 
 import os
+import time
 
 import pytest
 from django.contrib.auth.models import User
@@ -11,7 +12,7 @@ from rest_framework.test import APIClient
 
 from master import services
 from master.access.credentials import digest_of, find_token, touch
-from master.access.token_cache import CACHE, Entry, TokenCache
+from master.access.token_cache import CACHE, MAX_AGE_S, Entry, TokenCache
 from master.models import Token
 from master.sync import notifier
 from tests.master.sync.test_heartbeat import QUERIES_PER_QUIET_HEARTBEAT
@@ -57,6 +58,19 @@ def test_a_fill_that_began_before_news_is_dropped_and_a_cache_not_hearing_is_not
     for digest in ("a", "b", "c"):
         cache.put(Entry(digest, entry.token, None, entry.shard, None), cache.generation() or 0)
     assert len(cache) == 2 and cache.get("a") is None  # bounded: the least recently used goes
+
+
+def test_an_entry_is_used_for_at_most_its_max_age_whatever_the_listener_says(fleet, settings):
+    """News a process missed without knowing (a connection dropped in silence, an older master's
+    change) is bounded by the entry's age."""
+    settings.FLEETSHARD_TOKEN_CACHE = 10
+    token, _ = services.create_shard_token("lab1", acting_user=None)
+    cache = TokenCache()
+    cache.hearing(True)
+    entry = Entry.of(Token.objects.select_related("user", "shard").get(pk=token.pk))
+    assert cache.put(entry, cache.generation() or 0) and cache.get(token.digest) is entry
+    entry.kept_at = time.monotonic() - MAX_AGE_S
+    assert cache.get(token.digest) is None and len(cache) == 0
 
 
 def test_a_forked_child_does_not_trust_its_parents_cache(settings):
