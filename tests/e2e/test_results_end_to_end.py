@@ -81,7 +81,13 @@ def test_a_jobs_results_reach_the_master_and_a_malformed_file_is_quarantined(mas
             return rows if len(rows) == 2 else []
 
         rows = wait_until(timings, timeout=60, what="both files' timings on the master")
-        stat = cli(master_server, token, "job", "stat", str(job))
+
+        def stat_with_quarantine() -> dict:
+            # Each file is sent on its own: the broken one's record may come after the good ones' (CI).
+            got = cli(master_server, token, "job", "stat", str(job))
+            return got if len(got["hqes"][0]["quarantined"]) >= 3 else {}
+
+        stat = wait_until(stat_with_quarantine, timeout=60, what="the three quarantined files on the master")
         shown = cli_text(master_server, token, "job", "stat", str(job))
     finally:
         assert shard.process.stop() == 0
