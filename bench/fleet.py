@@ -5,9 +5,11 @@ with DATABASE_URL naming a PostgreSQL server (any database on it; default postgr
 It creates a throwaway database, fills it (bulk inserts), starts `manage.py serve` on it, and then, from
 this one process (asyncio, a minimal HTTP/1.1 client with keep-alive), measures:
 
-1. cold sync: every shard heartbeats at once with empty lists until it holds all its hosts and jobs;
+1. cold sync: every shard, --sync-clients of them at a time, heartbeats with empty lists until it holds all
+   its hosts and jobs; the time, and the CPU it cost a shard (the master, PostgreSQL, this simulator);
 2. steady state at the real rate: each shard heartbeats every interval (10 s, jittered, random phase)
-   with its full known lists, and holds a long-poll between heartbeats; heartbeat latency p50/p99;
+   with its full known lists, and holds a long-poll between heartbeats (not with --no-waits); heartbeat
+   latency p50/p99, measured after --warmup seconds;
 3. dispatch: jobs created on the master (through `master.services`, as the REST API does) at random
    moments for random shards; the time until that shard's heartbeat answer carries the job;
 4. held long-polls: the fewest the fleet held at once once synced (client side), and the master's
@@ -24,6 +26,7 @@ import contextlib
 import json
 import os
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -37,7 +40,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.support import DEFAULT_PG, admin_connection, create_database, say  # noqa: E402
+from bench.support import (  # noqa: E402
+    DEFAULT_PG,
+    admin_connection,
+    cpu_seconds,
+    create_database,
+    fill_fleet_rows,
+    say,
+)
 
 # A minimal HTTP/1.1 client: one connection, keep-alive, Content-Length or chunked bodies.
 
@@ -122,8 +132,16 @@ class SimShard:
     hosts: dict[int, int] = field(default_factory=dict)
     jobs: dict[int, int] = field(default_factory=dict)
     first_seen: dict[int, float] = field(default_factory=dict)
+    encoded: bytes = b""
 
     def body(self) -> bytes:
+        """The heartbeat's body, encoded anew only after an answer changed the known lists: at 5,000 shards
+        the simulator's own JSON would otherwise take a core from the master it measures."""
+        if not self.encoded:
+            self.encoded = self._encode()
+        return self.encoded
+
+    def _encode(self) -> bytes:
         return json.dumps(
             {
                 "protocol": 1,
@@ -139,6 +157,8 @@ class SimShard:
     def ingest(self, data: bytes) -> bool:
         answer = json.loads(data)
         now = time.monotonic()
+        if answer["hosts"] or answer["removed_host_ids"] or answer["jobs"]:
+            self.encoded = b""
         for host in answer["hosts"]:
             self.hosts[host["id"]] = host["version"]
         for host_id in answer["removed_host_ids"]:
@@ -191,20 +211,28 @@ class Fleet:
     async def beat_loop(self, shard: SimShard) -> None:
         conn = Connection(self.host, self.port)
         nudge = self.nudges[shard.hostname]
-        await asyncio.sleep(random.uniform(0, self.interval))
-        while not self.stop.is_set():
-            try:
-                took = await self.heartbeat(conn, shard)
-                self.latencies.append(abs(took))
-            except Exception as exc:
-                self.error(f"heartbeat: {type(exc).__name__}: {exc}"[:120])
-            nudge.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(nudge.wait(), self.interval * random.uniform(0.9, 1.1))
-        await conn.close()
+        try:
+            await asyncio.sleep(random.uniform(0, self.interval))
+            while not self.stop.is_set():
+                try:
+                    took = await self.heartbeat(conn, shard)
+                    self.latencies.append(abs(took))
+                except Exception as exc:
+                    self.error(f"heartbeat: {type(exc).__name__}: {exc}"[:120])
+                nudge.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(nudge.wait(), self.interval * random.uniform(0.9, 1.1))
+        finally:  # cancelled too: a socket left open would keep the master holding its wait
+            await conn.close()
 
     async def wait_loop(self, shard: SimShard) -> None:
         conn = Connection(self.host, self.port)
+        try:
+            await self._wait_loop(shard, conn)
+        finally:
+            await conn.close()
+
+    async def _wait_loop(self, shard: SimShard, conn: Connection) -> None:
         while not self.stop.is_set():
             since = time.monotonic() - self.last_sent.get(shard.hostname, time.monotonic())
             self.waiting += 1
@@ -227,7 +255,6 @@ class Fleet:
                 self.nudges[shard.hostname].set()
                 while self.last_sent.get(shard.hostname, 0.0) == sent and not self.stop.is_set():
                     await asyncio.sleep(0.01)
-        await conn.close()
 
 
 async def closed_loop(host: str, port: int, clients: int, seconds: float, request: Any) -> float:
@@ -275,28 +302,26 @@ async def drain(host: str, port: int, token: str, limit_s: float = 300) -> float
 
 
 def fill(n_shards: int, n_hosts: int, n_jobs: int) -> list[SimShard]:
-    """The fleet's rows, in bulk (the services would take minutes at 100,000 hosts); tokens by the service."""
+    """The fleet's rows as the services would leave them: shards and their tokens by the service (the one
+    call a shard takes), hosts, labels and queued jobs by INSERT ... SELECT (the services would take hours
+    at a million hosts), then vacuumed as autovacuum would leave them."""
     from django.db import transaction
+    from django.utils import timezone
 
-    from common.models import Host, HostQueueEntry, Job, Label
+    from common.models import Label
     from master import services
+    from master.models import Token
 
     sims = []
     for s in range(n_shards):
         with transaction.atomic():
             label = Label.objects.create(name=f"board:fleet{s}")
             shard, token = services.create_shard(f"fleet{s}.lab", [label.name], acting_user=None)
-            hosts = Host.objects.bulk_create(
-                [Host(hostname=f"fleet{s}-dut{h}", shard=shard) for h in range(n_hosts)], batch_size=2000
-            )
-            Host.labels.through.objects.bulk_create(
-                [Host.labels.through(host_id=h.id, label_id=label.id) for h in hosts], batch_size=2000
-            )
-            jobs = Job.objects.bulk_create(
-                [Job(name=f"fleet{s}-job{j}", owner="bench", command="true", shard=shard) for j in range(n_jobs)]
-            )
-            HostQueueEntry.objects.bulk_create([HostQueueEntry(job=job, meta_host=label) for job in jobs])
         sims.append(SimShard(shard.hostname, token))
+    fill_fleet_rows(n_hosts, n_jobs)
+    # In service: every shard's token was used lately (a master started now reads them all at its
+    # first request, docs/design.md, "The token cache"), as the master is restarted under a live fleet.
+    Token.objects.filter(shard__isnull=False).update(last_used=timezone.now())
     return sims
 
 
@@ -310,20 +335,18 @@ def master_connections(dbname: str) -> int:
         conn.close()
 
 
-async def simulate(args: argparse.Namespace, port: int, sims: list[SimShard], dbname: str) -> dict[str, Any]:
+async def steady_state(
+    args: argparse.Namespace, fleet: "Fleet", sims: list[SimShard], dbname: str, figures: dict[str, Any]
+) -> None:
+    """Steps 2-4: the fleet at its real rate, then stopped (its sockets closed)."""
     from master import services
 
-    fleet = Fleet("127.0.0.1", port, sims, args.interval)
-    figures: dict[str, Any] = {}
-
-    began = time.monotonic()
-    await asyncio.gather(*(fleet.cold_sync(s) for s in sims))
-    figures["cold_sync_s"] = time.monotonic() - began
-    assert all(len(s.hosts) == args.hosts and len(s.jobs) == args.jobs for s in sims), "cold sync incomplete"
-
     tasks = [asyncio.create_task(fleet.beat_loop(s)) for s in sims]
-    tasks += [asyncio.create_task(fleet.wait_loop(s)) for s in sims]
-    await asyncio.sleep(args.interval * 1.2)  # every shard heartbeated once and holds its wait
+    if not args.no_waits:
+        tasks += [asyncio.create_task(fleet.wait_loop(s)) for s in sims]
+    # Every shard heartbeated once and holds its wait; at thousands of shards, also until each serving
+    # process has looked up most shards' tokens once (a cold token cache is a master's first minutes).
+    await asyncio.sleep(max(args.warmup, args.interval * 1.2))
     fleet.latencies.clear()
     held: list[int] = []
     connections: list[int] = []
@@ -376,6 +399,41 @@ async def simulate(args: argparse.Namespace, port: int, sims: list[SimShard], db
     await asyncio.gather(*tasks, return_exceptions=True)
     figures["errors"] = dict(fleet.errors)
 
+
+async def simulate(
+    args: argparse.Namespace, port: int, sims: list[SimShard], dbname: str, master_pid: int
+) -> dict[str, Any]:
+
+    fleet = Fleet("127.0.0.1", port, sims, args.interval)
+    figures: dict[str, Any] = {}
+
+    # As shards come back after a master's restart: all of them, but at most --sync-clients at once (the
+    # master answers a few at a time whatever the number queued; thousands at once would only wait).
+    gate = asyncio.Semaphore(args.sync_clients)
+
+    async def sync(shard: SimShard) -> None:
+        async with gate:
+            await fleet.cold_sync(shard)
+
+    before = cpu_seconds(master_pid, dbname)
+    began = time.monotonic()
+    await asyncio.gather(*(sync(s) for s in sims))
+    figures["cold_sync_s"] = time.monotonic() - began
+    spent = [(b - a) / len(sims) * 1000 for a, b in zip(before, cpu_seconds(master_pid, dbname), strict=True)]
+    figures["cold_sync_cpu_ms_per_shard"] = {"master": spent[0], "postgresql": spent[1], "simulator": spent[2]}
+    say(
+        f"cold sync: {len(sims)} shards in {figures['cold_sync_s']:.1f} s; CPU a shard: master {spent[0]:.1f} ms, "
+        f"PostgreSQL {spent[1]:.1f} ms, simulator {spent[2]:.1f} ms"
+    )
+    assert all(len(s.hosts) == args.hosts and len(s.jobs) == args.jobs for s in sims), "cold sync incomplete"
+
+    if args.steady > 0:
+        await steady_state(args, fleet, sims, dbname, figures)
+    else:
+        say("steady state skipped (--steady 0): capacity only")
+        nan = float("nan")
+        figures.update(steady_n=0, steady_p50_ms=nan, steady_p99_ms=nan, held_min=None, dispatch_n=0)
+        figures.update(dispatch_p50_s=nan, dispatch_max_s=nan)
     bodies = [(s.token, s.body()) for s in sims]
 
     async def beat(conn: Connection, n: int) -> int:
@@ -409,10 +467,16 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, default=200)
     parser.add_argument("--jobs", type=int, default=50)
     parser.add_argument("--interval", type=float, default=10.0, help="the heartbeat interval the master sets")
-    parser.add_argument("--steady", type=float, default=30.0, help="seconds of steady state measured")
+    parser.add_argument(
+        "--steady", type=float, default=30.0, help="seconds of steady state measured (0: none, capacity only)"
+    )
     parser.add_argument("--capacity", type=float, default=30.0, help="seconds of each closed-loop measure, in all")
     parser.add_argument("--rounds", type=int, default=6, help="alternating rounds the closed-loop seconds are cut into")
     parser.add_argument("--clients", type=int, default=8, help="closed-loop clients")
+    parser.add_argument("--warmup", type=float, default=0.0, help="seconds of steady state not measured")
+    parser.add_argument("--no-waits", action="store_true", help="shards only heartbeat: no long-poll held")
+    parser.add_argument("--sync-clients", type=int, default=32, help="shards cold-syncing at once")
+    parser.add_argument("--waits", type=int, default=None, help="the master's --waits a worker (default: serve's own)")
     parser.add_argument(
         "--workers", type=int, default=None, help="the master's gunicorn workers (default: serve's own, 2 per core + 1)"
     )
@@ -420,6 +484,9 @@ def main() -> None:
 
     if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
         os.environ["DATABASE_URL"] = DEFAULT_PG
+    # Two connections a shard (heartbeats and the long-poll), here and in the master it starts.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     dbname = f"fleet_bench_{uuid.uuid4().hex[:8]}"
     url = create_database(dbname)
     data_dir = Path(tempfile.mkdtemp(prefix="fleetshard-fleet-"))
@@ -454,7 +521,8 @@ def main() -> None:
         log = open(data_dir / "master.log", "wb")  # noqa: SIM115
         master = subprocess.Popen(
             [sys.executable, "manage.py", "serve", "--bind", f"127.0.0.1:{port}"]
-            + ([] if args.workers is None else ["--workers", str(args.workers)]),
+            + ([] if args.workers is None else ["--workers", str(args.workers)])
+            + ([] if args.waits is None else ["--waits", str(args.waits)]),
             cwd=ROOT,
             env=env,
             stdout=log,
@@ -471,7 +539,7 @@ def main() -> None:
                 time.sleep(0.2)
         load = os.getloadavg()
         say(f"load average before the run: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-        figures = asyncio.run(simulate(args, port, sims, dbname))
+        figures = asyncio.run(simulate(args, port, sims, dbname, master.pid))
         say(json.dumps(figures, indent=1, default=str))
         f = figures
         say(

@@ -23,7 +23,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.support import DEFAULT_PG, admin_connection, create_database, say  # noqa: E402
+from bench.support import DEFAULT_PG, admin_connection, create_database, fill_fleet_rows, say  # noqa: E402
 
 # The pages timed: the overview, its later pages and its search, and every changelist the master's
 # admin registers (master/admin), plain and with the filters an operator uses most.
@@ -55,29 +55,12 @@ PAGES = [
 ]
 
 
-def insert_select(cur: Any, model: Any, exprs: dict[str, str], source: str) -> None:
-    """INSERT ... SELECT of `model`'s rows: `exprs` gives some columns as SQL, every other column its
-    field's default (as a new row through the ORM would have it)."""
-    columns, values, params = [], [], []
-    for field in model._meta.concrete_fields:
-        if field.primary_key:
-            continue
-        columns.append(field.column)
-        if field.column in exprs:
-            values.append(exprs[field.column])
-        else:
-            values.append("%s")
-            params.append(field.get_db_prep_save(field.get_default(), connection=cur.db))
-    table = model._meta.db_table
-    cur.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(values)} {source}", params)
-
-
 def fill(n_shards: int, n_hosts: int, n_jobs: int) -> None:
     """Bulk rows: hosts and jobs by INSERT ... SELECT, shards and their tokens by the service (500 calls)."""
-    from django.db import connection, transaction
+    from django.db import transaction
     from django.utils import timezone
 
-    from common.models import Host, HostQueueEntry, Job, Label, Shard
+    from common.models import Label, Shard
     from master import services
 
     now = timezone.now()
@@ -93,53 +76,23 @@ def fill(n_shards: int, n_hosts: int, n_jobs: int) -> None:
             Shard.objects.filter(pk=shard.pk).update(last_heartbeat=None, client_version="")
         elif n % 25 == 3:
             Shard.objects.filter(pk=shard.pk).update(last_heartbeat=now - timedelta(minutes=2))
-    shard_table, label_table = Shard._meta.db_table, Label._meta.db_table
-    through = Host.labels.through._meta.db_table
     statuses = (
         "ARRAY['Ready','Ready','Ready','Ready','Running','Running','Cleaning','Repairing','Repair Failed','Missing']"
     )
     job_statuses = "ARRAY['Queued','Queued','Running','Completed','Completed','Completed','Failed','Aborted']"
-    with connection.cursor() as cur:
-        insert_select(
-            cur,
-            Host,
-            {
-                "hostname": "replace(s.hostname, '.lab', '') || '-dut' || g",
-                "shard_id": "s.id",
-                "locked": "mod(g, 40) = 0",
-                "status": f"({statuses})[1 + mod(g + s.id, 10)]",
-            },
-            f"FROM {shard_table} s CROSS JOIN generate_series(0, {int(n_hosts) - 1}) g",
-        )
-        cur.execute(
-            f"INSERT INTO {through} (host_id, label_id) SELECT h.id, l.id FROM {Host._meta.db_table} h"
-            f" JOIN {label_table} l ON l.shard_id = h.shard_id"
-        )
-        insert_select(
-            cur,
-            Job,
-            {
-                "name": "replace(s.hostname, '.lab', '') || '-job' || g",
-                "owner": "'bench'",
-                "command": "'true'",
-                "shard_id": "s.id",
-                "status": f"({job_statuses})[1 + mod(g + s.id, 8)]",
-                "created_on": "now() - g * interval '1 minute'",
-            },
-            f"FROM {shard_table} s CROSS JOIN generate_series(0, {int(n_jobs) - 1}) g",
-        )
-        insert_select(
-            cur,
-            HostQueueEntry,
-            {
-                "job_id": "j.id",
-                "meta_host_id": "l.id",
-                "status": "j.status",
-                "finished_on": "CASE WHEN j.status IN ('Completed', 'Failed', 'Aborted') THEN j.created_on END",
-            },
-            f"FROM {Job._meta.db_table} j JOIN {label_table} l ON l.shard_id = j.shard_id",
-        )
-        cur.execute("VACUUM ANALYZE")  # as autovacuum would leave them: visibility map set, statistics fresh
+    fill_fleet_rows(
+        n_hosts,
+        n_jobs,
+        hosts={"locked": "mod(g, 40) = 0", "status": f"({statuses})[1 + mod(g + s.id, 10)]"},
+        jobs={
+            "status": f"({job_statuses})[1 + mod(g + s.id, 8)]",
+            "created_on": "now() - g * interval '1 minute'",
+        },
+        hqes={
+            "status": "j.status",
+            "finished_on": "CASE WHEN j.status IN ('Completed', 'Failed', 'Aborted') THEN j.created_on END",
+        },
+    )
 
 
 def measure(client: Any, path: str, rounds: int) -> dict[str, Any]:

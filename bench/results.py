@@ -3,14 +3,15 @@
 and under 20 ms).
 
 Run: `.venv/bin/python bench/results.py [--files 200] [--entries-per-file 100] [--threads 4]
-[--rows 1000000]` with DATABASE_URL naming any database of a PostgreSQL server (default
+[--rows 1000000] [--ingest-only]` with DATABASE_URL naming any database of a PostgreSQL server (default
 postgres://postgres@127.0.0.1:5432/postgres). It creates a database of its own, migrates it, starts a
 real master (`manage.py serve`, 2 workers) and:
 1. uploads `--files` result files through POST /api/v1/results/upload from `--threads` threads
    (each file a new run of one of 5 tests, so regression detection runs on growing series) and
    prints entries per second, end to end; the CPU per file of the master, its PostgreSQL
    backends and this client (what bounds the rate on a quiet machine); and how long after the last
-   upload the master's detector threads (not the requests) had read every series the uploads marked;
+   upload the master's detector threads (not the requests) had read every series the uploads marked
+   (`--ingest-only` stops after the rate and the CPU);
 2. loads `--rows` more entries with COPY (10 tests x 100 entries, so 1,000 runs of each test, spread over a year), runs
    ANALYZE, then times the query GET /api/v1/results/timings/ runs (the newest 100 timings of one
    entry, with host and job), in-process and through the endpoint, and prints its EXPLAIN ANALYZE.
@@ -35,7 +36,15 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.support import DEFAULT_PG, Service, admin_connection, create_database, manage_argv  # noqa: E402
+from bench.support import (  # noqa: E402
+    CPU_OF,
+    DEFAULT_PG,
+    Service,
+    admin_connection,
+    cpu_seconds,
+    create_database,
+    manage_argv,
+)
 from tests.support import Role, free_port, wait_until  # noqa: E402
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
@@ -128,6 +137,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--keep", action="store_true", help="keep the database")
+    parser.add_argument(
+        "--ingest-only",
+        action="store_true",
+        help="step 1's upload rate and CPU only: no wait for the detector, no bulk load, no query timing",
+    )
     args = parser.parse_args()
     if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
         os.environ["DATABASE_URL"] = DEFAULT_PG
@@ -162,6 +176,8 @@ def main() -> None:
             flush=True,
         )
 
+        if args.ingest_only:
+            return
         import psycopg2
 
         conn = psycopg2.connect(url)
@@ -224,31 +240,6 @@ def main() -> None:
             _drop(name)
         else:
             print(f"kept database {url}")
-
-
-CPU_OF = ("the master (gunicorn workers, detector threads included)", "its PostgreSQL backends", "this client")
-
-
-def cpu_seconds(master_pid: int, database: str) -> tuple[float, float, float]:
-    """CPU seconds used so far by the master's process group, by the PostgreSQL backends connected
-    to `database` (a backend that exited is missed: the master keeps its connections), and by
-    this process, from /proc."""
-    tick = os.sysconf("SC_CLK_TCK")
-    master = backends = 0.0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            title = (entry / "cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        used = (int(fields[11]) + int(fields[12])) / tick
-        if int(fields[2]) == master_pid:
-            master += used
-        elif title.startswith("postgres:") and f" {database} " in title:
-            backends += used
-    return master, backends, time.process_time()
 
 
 def detection_lag(conn: object, timeout: float = 300) -> tuple[float, int]:

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,99 @@ def create_database(name: str, template: str | None = None) -> str:
     finally:
         conn.close()
     return database_url(name)
+
+
+def insert_select(cur: Any, model: Any, exprs: dict[str, str], source: str) -> None:
+    """INSERT ... SELECT of `model`'s rows: `exprs` gives some columns as SQL, every other column its
+    field's default (as a new row through the ORM would have it)."""
+    columns, values, params = [], [], []
+    for field in model._meta.concrete_fields:
+        if field.primary_key:
+            continue
+        columns.append(field.column)
+        if field.column in exprs:
+            values.append(exprs[field.column])
+        else:
+            values.append("%s")
+            params.append(field.get_db_prep_save(field.get_default(), connection=cur.db))
+    table = model._meta.db_table
+    cur.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(values)} {source}", params)
+
+
+def fill_fleet_rows(
+    n_hosts: int,
+    n_jobs: int,
+    *,
+    hosts: dict[str, str] | None = None,
+    jobs: dict[str, str] | None = None,
+    hqes: dict[str, str] | None = None,
+) -> None:
+    """Every shard's hosts (`fleetN-dutG`, with the shard's label) and jobs (`fleetN-jobG`, an HQE each
+    for the shard's label), by INSERT ... SELECT over the shards the services made (PostgreSQL); the
+    extra column expressions may use the shard `s`, the number `g`, and for HQEs their job `j`. Then
+    VACUUM ANALYZE, as autovacuum would leave the tables: visibility map set, statistics fresh."""
+    from django.db import connection
+
+    from common.models import Host, HostQueueEntry, Job, Label, Shard
+
+    shard_table, label_table = Shard._meta.db_table, Label._meta.db_table
+    with connection.cursor() as cur:
+        insert_select(
+            cur,
+            Host,
+            {"hostname": "replace(s.hostname, '.lab', '') || '-dut' || g", "shard_id": "s.id", **(hosts or {})},
+            f"FROM {shard_table} s CROSS JOIN generate_series(0, {int(n_hosts) - 1}) g",
+        )
+        cur.execute(
+            f"INSERT INTO {Host.labels.through._meta.db_table} (host_id, label_id) SELECT h.id, l.id"
+            f" FROM {Host._meta.db_table} h JOIN {label_table} l ON l.shard_id = h.shard_id"
+        )
+        insert_select(
+            cur,
+            Job,
+            {
+                "name": "replace(s.hostname, '.lab', '') || '-job' || g",
+                "owner": "'bench'",
+                "command": "'true'",
+                "shard_id": "s.id",
+                "created_on": "now()",
+                **(jobs or {}),
+            },
+            f"FROM {shard_table} s CROSS JOIN generate_series(0, {int(n_jobs) - 1}) g",
+        )
+        insert_select(
+            cur,
+            HostQueueEntry,
+            {"job_id": "j.id", "meta_host_id": "l.id", **(hqes or {})},
+            f"FROM {Job._meta.db_table} j JOIN {label_table} l ON l.shard_id = j.shard_id",
+        )
+        cur.execute("VACUUM ANALYZE")
+
+
+# Whose CPU `cpu_seconds` counts, in its order.
+CPU_OF = ("the master (gunicorn workers, detector threads included)", "its PostgreSQL backends", "this client")
+
+
+def cpu_seconds(master_pid: int, database: str) -> tuple[float, float, float]:
+    """CPU seconds used so far by the master's process group, by the PostgreSQL backends connected
+    to `database` (a backend that exited is missed: the master keeps its connections), and by
+    this process, from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    master = backends = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            title = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        used = (int(fields[11]) + int(fields[12])) / tick
+        if int(fields[2]) == master_pid:
+            master += used
+        elif title.startswith("postgres:") and f" {database} " in title:
+            backends += used
+    return master, backends, time.process_time()
 
 
 def terminate_backends(dbname: str) -> int:

@@ -8,6 +8,7 @@ from common.result_formats.records import (
     ParsedRun,
     Reader,
     ResultFormatError,
+    plain_bytes,
 )
 from common.wire import WireError, loads
 
@@ -16,7 +17,7 @@ __all__ = ["MAX_ENTRIES", "ParsedEntry", "ParsedRun", "ResultFormatError", "pars
 
 def parse_result_file(name: str, data: bytes) -> ParsedRun:
     """Parses one result file; `name` (the file's name) is only used in error messages."""
-    r = Reader(name)
+    r = Reader(name, plain=plain_bytes(data))
     if len(data) > MAX_RESULT_FILE_BYTES:
         raise r.fail("", f"larger than {MAX_RESULT_FILE_BYTES} bytes ({len(data)})")
     try:

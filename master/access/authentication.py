@@ -58,7 +58,7 @@ class PersonalTokenAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed("a shard token is only valid for the heartbeat")
         if not user.is_active:
             raise exceptions.AuthenticationFailed("the token's user is inactive")
-        touch(token)  # the admin shows last_used; written at most once a minute
+        touch(token)  # the admin shows last_used; written at most every 5 minutes
         return user, token
 
     def authenticate_header(self, request: Request) -> str:

@@ -3,10 +3,11 @@
 import hashlib
 import hmac
 import secrets
+import time
 from datetime import datetime, timedelta
 
 from django.contrib.auth.models import User
-from django.db.models import Q
+from django.db.models import Case, F, Q, When
 from django.utils import timezone
 
 from common.models import Shard
@@ -41,6 +42,16 @@ def find_token(raw: str) -> Token | None:
     generation = CACHE.generation()
     if generation is not None:
         entry = CACHE.get(digest)
+        if entry is None and CACHE.begin_fill(generation):
+            try:
+                entries = entries_in_use(digest, CACHE.size())
+            except BaseException:
+                CACHE.end_fill(None, generation)  # not a fill: the next miss tries again
+                raise
+            CACHE.end_fill(entries, generation)
+            entry = next((e for e in entries if e.digest == digest), None)  # compared in constant time below
+            if entry is None:
+                return None
         if entry is not None and hmac.compare_digest(entry.digest, digest):
             return entry.build()
     token = Token.objects.select_related("user", "shard").filter(digest=digest).first()
@@ -51,12 +62,46 @@ def find_token(raw: str) -> Token | None:
     return token
 
 
-# Token.last_used is for people ("is this token still in use?"), so a minute's precision is plenty.
-TOUCH_INTERVAL = timedelta(seconds=60)
+def entries_in_use(digest: str, limit: int) -> list[Entry]:
+    """The token of `digest` (if any) and up to `limit` tokens used in the last two TOUCH_INTERVALs,
+    most recently used first, as cache entries, in one query: a process whose cache was emptied (a
+    start, news of a change, entries past their age) reads the fleet's tokens at once rather than
+    one query for each of its first requests from each shard."""
+    since = timezone.now() - 2 * TOUCH_INTERVAL
+    token_names, user_names = Entry.token_names(), Entry.user_names()
+    rows = (
+        Token.objects.filter(Q(digest=digest) | Q(last_used__gte=since))
+        .order_by(Case(When(digest=digest, then=0), default=1), F("last_used").desc(nulls_last=True))
+        .values_list(*token_names, *(f"user__{n}" for n in user_names), "shard__id", "shard__hostname")[:limit]
+    )
+    entries = []
+    read_at = time.monotonic()  # each entry's age counts from before its row was read, as MAX_AGE_S says
+    for row in rows:
+        token = tuple(row[: len(token_names)])
+        user = tuple(row[len(token_names) : -2])
+        shard = tuple(row[-2:])
+        values = dict(zip(token_names, token, strict=True))
+        entries.append(
+            Entry(
+                values["digest"],
+                token,
+                user if values["user_id"] is not None else None,
+                shard if values["shard_id"] is not None else None,
+                values["last_used"],
+                read_at,
+            )
+        )
+    return entries
+
+
+# Token.last_used is for people ("is this token still in use?"), so five minutes' precision is plenty.
+# Each serving process writes it for each token it sees: at a minute, 5,000 shards' tokens in five
+# processes were 400 statements a second (bench/fleet.py, docs/benchmarks.md).
+TOUCH_INTERVAL = timedelta(seconds=300)
 
 
 def touch(token: Token, now: datetime | None = None) -> bool:
-    """Records that `token` was used at `now`, at most once a minute; True when it wrote.
+    """Records that `token` was used at `now`, at most once in TOUCH_INTERVAL; True when it wrote.
 
     Called on every authenticated request, so it must not write on every one: when the loaded row
     shows a use within the last minute it does nothing (no query at all), else one conditional

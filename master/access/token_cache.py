@@ -39,8 +39,11 @@ SHARD_FIELDS = ("id", "hostname")
 
 # However sure the listener is, an entry is used for at most this long: it bounds what news a process
 # could miss without knowing (a listening connection dropped in silence is noticed only within about
-# 15 s; a master of an older release, during a rolling upgrade, sends no news of its changes).
-MAX_AGE_S = 60.0
+# 15 s; a master of an older release, during a rolling upgrade, sends no news of its changes). Not
+# shorter: each process reads each token it sees again after it, and a shard's 8 requests a minute
+# spread over five processes reach each about twice a minute, so at 60 s about every other lookup
+# went to the database (heartbeat capacity at a million hosts: 348/s at 60 s, 450-462/s at 300 s).
+MAX_AGE_S = 300.0
 
 # Not kept of a user: its password hash (a token is not a password; read if anything asks for it).
 USER_UNCACHED = ("password",)
@@ -76,6 +79,15 @@ class Entry:
         shard = (token.shard.id, token.shard.hostname) if token.shard is not None else None
         return cls(token.digest, _values(token), user, shard, token.last_used)
 
+    @staticmethod
+    def token_names() -> tuple[str, ...]:
+        """The token row's columns, in the order `token` holds them."""
+        return _names(Token)
+
+    @staticmethod
+    def user_names() -> tuple[str, ...]:
+        return _names(get_user_model())
+
     def build(self) -> Token:
         """A new Token, with its user or shard, as find_token returns them."""
         token: Token = _build(Token, self.token)
@@ -95,6 +107,11 @@ class TokenCache:
         # The process whose listener hears every change; None while none is sure to (a fork's child
         # inherits the parent's value, and must not trust it).
         self._hearing_pid: int | None = None
+        # The generation and time of the last fill (every token in use, read in one query), and the
+        # generation of the one a thread is reading now: a fill of a generation gone (news came while
+        # it read; a forked child's, whose thread did not survive the fork) holds up no later one.
+        self._filled: tuple[int, float] | None = None
+        self._filling: int | None = None
 
     @staticmethod
     def size() -> int:
@@ -138,6 +155,35 @@ class TokenCache:
             self._entries.move_to_end(entry.digest)
             while len(self._entries) > size:
                 self._entries.popitem(last=False)
+            return True
+
+    def begin_fill(self, generation: int) -> bool:
+        """Whether this lookup should read every token in use along with its own: True once a
+        generation and MAX_AGE_S (and to one thread at a time), after which end_fill must follow."""
+        with self._lock:
+            if generation != self._generation or not self.trusted() or self._filling == generation:
+                return False
+            filled = self._filled
+            if filled is not None and filled[0] == generation and time.monotonic() - filled[1] < MAX_AGE_S:
+                return False
+            self._filling = generation
+            return True
+
+    def end_fill(self, entries: list[Entry] | None, generation: int) -> bool:
+        """Keeps what a fill read after `generation` was current, as `put` keeps one entry; None: the
+        fill failed (a database error), and the next miss tries again."""
+        size = self.size()
+        with self._lock:
+            if self._filling == generation:
+                self._filling = None
+            if entries is None or generation != self._generation or not self.trusted():
+                return False
+            for entry in reversed(entries[:size]):  # the first (the one looked up) ends most recent
+                self._entries[entry.digest] = entry
+                self._entries.move_to_end(entry.digest)
+            while len(self._entries) > size:
+                self._entries.popitem(last=False)
+            self._filled = (generation, min((e.kept_at for e in entries), default=time.monotonic()))
             return True
 
     def used(self, digest: str, when: datetime) -> None:

@@ -15,7 +15,15 @@ from common.admin_ui import HostColumns
 from common.errors import FleetshardError
 from common.models import Host, HostQueueEntry, Label
 from master import services
-from master.admin.base import ServiceAdmin, form_action, listed, names_of, with_moves
+from master.admin.base import (
+    RelatedSelectFilter,
+    ServiceAdmin,
+    ShardSelectFilter,
+    form_action,
+    listed,
+    names_of,
+    with_moves,
+)
 from master.admin.forms import HostCreateForm, LabelForm, LockForm
 from master.services import lookups
 
@@ -36,7 +44,7 @@ def _run(entry: HostQueueEntry) -> SafeString:
 @admin.register(Host)
 class HostAdmin(HostColumns, ServiceAdmin):
     list_display = ["hostname", "status_badge", "locked_badge", "lock_reason", "shard", "label_list"]
-    list_filter = ["status", "shard", "labels", "locked"]
+    list_filter = ["status", ("shard", ShardSelectFilter), ("labels", RelatedSelectFilter), "locked"]
     search_fields = ["hostname"]
     list_select_related = ["shard"]
     readonly_fields = [

@@ -17,7 +17,7 @@ from common.errors import FleetshardError
 from common.models import HostQueueEntry, Job, Label
 from common.syntax import parse_meta_hosts, parse_priority
 from master import services
-from master.admin.base import ServiceAdmin, form_action, only_one
+from master.admin.base import SelectFilterMixin, ServiceAdmin, ShardSelectFilter, form_action, only_one
 from master.admin.forms import JobCreateForm
 from master.blobs.models import Artifact
 from master.models import TestRun
@@ -32,11 +32,15 @@ def blob_url(digest: str, name: str) -> str:
     return f"{reverse('blob', kwargs={'digest': digest})}?{urlencode({'name': name})}"
 
 
-class JobLabelFilter(admin.SimpleListFilter):
+class JobLabelFilter(SelectFilterMixin, admin.SimpleListFilter):
     """Jobs that name a label, as meta-host or as dependency."""
 
     title = "label"
     parameter_name = "label"
+    select_name = "label"
+
+    def select_choices(self) -> list[tuple[str, str]]:
+        return [(str(v), str(d)) for v, d in self.lookup_choices]
 
     def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
         return [(n, n) for n in Label.objects.order_by("name").values_list("name", flat=True)]
@@ -77,7 +81,7 @@ class JobAdmin(JobColumns, ServiceAdmin):
     # `aborted` is no column: a cross on every normal row read as an error; the status badge says it.
     list_display = ["id", "name", "owner", "priority", "status_badge", "shard", "hqe_count", "created_on"]
     list_display_links = ["id", "name"]
-    list_filter = ["status", "shard", JobLabelFilter, "aborted"]
+    list_filter = ["status", ("shard", ShardSelectFilter), JobLabelFilter, "aborted"]
     search_fields = ["name", "owner"]
     list_select_related = ["shard"]
     date_hierarchy = None

@@ -11,12 +11,20 @@ from django.template.response import TemplateResponse
 
 from common.models import Label
 from master import services
-from master.admin.base import ServiceAdmin, form_action, listed, names_of, with_moves
+from master.admin.base import (
+    DirectedChangeList,
+    ServiceAdmin,
+    ShardSelectFilter,
+    form_action,
+    listed,
+    names_of,
+    with_moves,
+)
 from master.admin.forms import LabelCreateForm
 from master.observe.overview import count_label_hosts
 
 
-class LabelChangeList(ChangeList):
+class LabelChangeList(DirectedChangeList):
     """Counts the hosts of the page's labels once the page is cut: one grouped query."""
 
     def get_results(self, request: HttpRequest) -> None:
@@ -28,7 +36,7 @@ class LabelChangeList(ChangeList):
 @admin.register(Label)
 class LabelAdmin(ServiceAdmin):
     list_display = ["name", "shard", "hosts_ready"]
-    list_filter = ["shard"]
+    list_filter = [("shard", ShardSelectFilter)]
     search_fields = ["name"]
     list_select_related = ["shard"]
     readonly_fields = ["name", "shard", "hosts_ready"]

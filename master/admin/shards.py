@@ -15,7 +15,7 @@ from django.utils.safestring import SafeString
 from common.admin_ui import age, badge
 from common.models import Label, Shard, offline_after_s
 from master import services
-from master.admin.base import ServiceAdmin, form_action, listed, names_of, only_one, with_moves
+from master.admin.base import DirectedChangeList, ServiceAdmin, form_action, listed, names_of, only_one, with_moves
 from master.admin.forms import LabelForm, LabelsForm, ShardCreateForm
 from master.observe.overview import annotate_shards, count_hosts_by_status, host_badges
 
@@ -36,7 +36,7 @@ class OnlineFilter(admin.SimpleListFilter):
         return queryset
 
 
-class ShardChangeList(ChangeList):
+class ShardChangeList(DirectedChangeList):
     """Counts the hosts of the page's shards by status once the page is cut: one grouped query."""
 
     def get_results(self, request: HttpRequest) -> None:
@@ -53,7 +53,7 @@ class ShardAdmin(ServiceAdmin):
         "heartbeat",
         "client_version",
         "label_list",
-        "hosts",
+        "hosts_by_status",
         "jobs_queued",
         "jobs_running",
         "jobs_failed_24h",
@@ -67,7 +67,7 @@ class ShardAdmin(ServiceAdmin):
         "last_heartbeat",
         "client_version",
         "label_list",
-        "hosts",
+        "hosts_by_status",
         "jobs_queued",
         "jobs_running",
         "jobs_failed_24h",
@@ -112,7 +112,7 @@ class ShardAdmin(ServiceAdmin):
         return ", ".join(label.name for label in obj.labels.all())
 
     @admin.display(description="hosts by status", ordering="hosts_total")
-    def hosts(self, obj: Shard) -> SafeString:
+    def hosts_by_status(self, obj: Shard) -> SafeString:
         total = badge(f"{obj.hosts_total} total", "#455a64")  # type: ignore[attr-defined]
         return SafeString(" ".join([total, *host_badges(obj)]))
 

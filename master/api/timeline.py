@@ -26,9 +26,9 @@ from master.api.schema import FleetshardAutoSchema
 from master.api.serializers import INT64_MAX, ErrorSerializer
 from master.api.uploads import FILE_BODY, OctetStreamView, read_body
 from master.api.uploads import error as _error
-from master.timeline.export import end_quietly, gzipped, trace_chunks
+from master.timeline.export import gzipped, trace_chunks
 from master.timeline.jobtrace import MAX_TRACE_BYTES, TraceRejected, store_run_trace
-from master.timeline.limits import Deadline, Holding, Slot, take_export_slot
+from master.timeline.limits import Deadline, Holding, Slot, end_quietly, take_export_slot
 from master.timeline.pftrace import pftrace_chunks
 from master.timeline.query import Scope, scope
 from master.timeline.stats import BY, stats

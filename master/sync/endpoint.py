@@ -9,12 +9,12 @@ from collections.abc import Callable
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.db import Error as DatabaseFailure
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
 from common.admission import work_slot
-from common.wire import HeartbeatRequest, ProtocolMismatch, WireError, error_body, loads
+from common.wire import HeartbeatRequest, ProtocolMismatch, WireError, dumps, error_body, loads
 from master.access.authentication import bearer_token
 from master.access.credentials import find_token, touch
 from master.models import Token
@@ -36,7 +36,7 @@ def _unavailable(exc: Exception) -> JsonResponse:
 
 @csrf_exempt
 @require_POST
-def heartbeat(request: HttpRequest) -> JsonResponse:
+def heartbeat(request: HttpRequest) -> HttpResponse:
     try:
         raw_body = request.body
     except RequestDataTooBig:
@@ -74,7 +74,7 @@ def heartbeat(request: HttpRequest) -> JsonResponse:
         return _error(401, f"unknown or revoked shard token: {exc}", "Authorization")
     except DatabaseFailure as exc:
         return _unavailable(exc)
-    return JsonResponse(response.to_wire())
+    return HttpResponse(dumps(response.to_wire()), content_type="application/json")
 
 
 DEFAULT_WAIT_S = 30.0

@@ -8,6 +8,7 @@ heartbeats, so a retry racing its original applies and assigns nothing twice.
 
 import functools
 import itertools
+import json
 import logging
 import os
 import re
@@ -18,8 +19,9 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
-from django.db.models import F, Prefetch, Q
+from django.db.models import F, Q
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from common.bulk import bulk_set
 from common.constants import (
@@ -32,7 +34,7 @@ from common.constants import (
     hqe_can_move,
 )
 from common.jobstatus import refresh_job_statuses
-from common.models import Host, HostQueueEntry, Job, Shard, offline_after_s
+from common.models import Host, HostQueueEntry, Job, Label, Shard, offline_after_s
 from common.wire import (
     Ack,
     HeartbeatRequest,
@@ -239,45 +241,142 @@ def _adopt(shard: Shard, instance: str, now: datetime) -> None:
     )
 
 
-def host_record(host: Host) -> HostRecord:
-    return HostRecord(
-        id=host.id,
-        version=host.version,
-        hostname=host.hostname,
-        labels=sorted(label.name for label in host.labels.all()),
-        locked=host.locked,
-        lock_reason=host.lock_reason,
-        attributes=host.attributes if isinstance(host.attributes, dict) else {},
+def _rows(sql: str, ids: list[int], *params: Any) -> list[tuple[Any, ...]]:
+    """The rows of `sql`, whose `{ids}` takes the list `ids` and whose other `%s` take `params` after it.
+    Written out: building these through the ORM (models, prefetches, IN lists of thousands of
+    parameters) was nearly all of a cold sync's time (docs/protocol.md, "Cost")."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql.format(ids=", ".join(["%s"] * len(ids))), [*ids, *params])
+        rows: list[tuple[Any, ...]] = cursor.fetchall()
+        return rows
+
+
+def _json(value: Any) -> Any:
+    """A JSON column's value as a raw cursor gives it (text on both databases); most are empty."""
+    if value == "{}":
+        return {}
+    if value == "[]":
+        return []
+    return json.loads(value) if isinstance(value, str) else value
+
+
+@functools.cache
+def _record_sql(vendor: str) -> dict[str, str]:
+    q = connection.ops.quote_name
+    host, job, hqe, label = (q(m._meta.db_table) for m in (Host, Job, HostQueueEntry, Label))
+    host_labels, job_labels = q(Host.labels.through._meta.db_table), q(Job.dependency_labels.through._meta.db_table)
+    running_elsewhere = f"SELECT e.host_id FROM {hqe} e JOIN {job} j ON j.id = e.job_id WHERE"
+    busy = "AND e.status IN (%s, %s) AND (j.shard_id IS NULL OR j.shard_id <> %s)"
+    host_rows = (
+        f"SELECT h.id, h.version, h.hostname, h.locked, h.lock_reason, h.attributes, l.name FROM {host} h "
+        f"LEFT JOIN {host_labels} t ON t.host_id = h.id LEFT JOIN {label} l ON l.id = t.label_id WHERE"
     )
+    return {
+        "elsewhere": f"{running_elsewhere} e.host_id IN ({{ids}}) {busy}",
+        "hosts": f"{host_rows} h.id IN ({{ids}}) ORDER BY h.id",
+        # The same for every host of a shard (a cold sync): a list of their ids costs PostgreSQL more to
+        # parse and look up than the shard's range of an index.
+        "shard_elsewhere": f"{running_elsewhere} e.host_id IN (SELECT id FROM {host} WHERE shard_id = %s) {busy}",
+        "shard_hosts": f"{host_rows} h.shard_id = %s ORDER BY h.id",
+        "jobs": "SELECT j.id, j.version, j.name, j.owner, j.priority, j.command, j.timeout_mins, j.max_runtime_mins, "
+        f"j.keyvals, j.parent_id, j.aborted, j.created_on, j.ab, j.inputs, p.keyvals, l.name FROM {job} j "
+        f"LEFT JOIN {job} p ON p.id = j.parent_id LEFT JOIN {job_labels} t ON t.job_id = j.id "
+        f"LEFT JOIN {label} l ON l.id = t.label_id WHERE j.id IN ({{ids}})",
+        "hqes": f"SELECT e.job_id, e.id, e.host_id, l.name, e.status FROM {hqe} e LEFT JOIN {label} l "
+        "ON l.id = e.meta_host_id WHERE e.job_id IN ({ids}) ORDER BY e.id",
+    }
 
 
-def job_record(job: Job) -> JobRecord:
-    return JobRecord(
-        id=job.id,
-        version=job.version,
-        name=job.name,
-        owner=job.owner,
-        priority=job.priority,
-        command=job.command,
-        timeout_mins=job.timeout_mins,
-        max_runtime_mins=job.max_runtime_mins,
-        dependency_labels=sorted(label.name for label in job.dependency_labels.all()),
-        keyvals=job.keyvals if isinstance(job.keyvals, dict) else {},
-        parent_id=job.parent_id,
-        aborted=job.aborted,
-        created_on=job.created_on,
-        ab=job.ab if isinstance(job.ab, dict) else {},
-        hqes=[
-            HQERecord(
-                id=hqe.id,
-                host_id=hqe.host_id if hqe.meta_host_id is None else None,
-                meta_host=hqe.meta_host.name if hqe.meta_host else None,
-                status=hqe.status,
+def host_records(host_ids: list[int], *, all_of_shard: int | None = None) -> list[HostRecord]:
+    """The hosts' records, by id: a row per host and label. `all_of_shard`: the hosts are every host of
+    that shard (read by the shard, keeping only `host_ids`)."""
+    if not host_ids:
+        return []
+    sql = _record_sql(connection.vendor)
+    if all_of_shard is None:
+        rows = _rows(sql["hosts"], host_ids)
+    else:
+        wanted = set(host_ids)
+        rows = [row for row in _rows(sql["shard_hosts"], [], all_of_shard) if row[0] in wanted]
+    records: list[HostRecord] = []
+    for host_id, version, hostname, locked, lock_reason, attributes, label in rows:
+        if not records or records[-1].id != host_id:
+            attributes = _json(attributes)
+            records.append(
+                HostRecord(
+                    id=host_id,
+                    version=version,
+                    hostname=hostname,
+                    labels=[],
+                    locked=bool(locked),
+                    lock_reason=lock_reason,
+                    attributes=attributes if isinstance(attributes, dict) else {},
+                )
             )
-            for hqe in job.hqes.all()
-        ],
-        inputs=job.inputs if isinstance(job.inputs, list) else [],
-    )
+        if label is not None:
+            records[-1].labels.append(label)
+    for record in records:
+        record.labels.sort()
+    return records
+
+
+def job_records(job_ids: list[int]) -> tuple[list[JobRecord], dict[str, dict[str, Any]]]:
+    """The jobs' records in `job_ids`' order, and the keyvals of their suites (by the suite's id). A job
+    deleted since its id was read is left out, not a KeyError: the quiet path reads the holdings and
+    then the records outside any one transaction."""
+    if not job_ids:
+        return [], {}
+    sql = _record_sql(connection.vendor)
+    hqes: dict[int, list[HQERecord]] = {}
+    for job_id, hqe_id, host_id, meta_host, status in _rows(sql["hqes"], job_ids):
+        hqes.setdefault(job_id, []).append(
+            HQERecord(id=hqe_id, host_id=host_id if meta_host is None else None, meta_host=meta_host, status=status)
+        )
+    found: dict[int, JobRecord] = {}
+    suite_keyvals: dict[str, dict[str, Any]] = {}
+    for row in _rows(sql["jobs"], job_ids):  # a row per job and dependency label
+        job_id, label = row[0], row[-1]
+        if job_id in found:
+            found[job_id].dependency_labels.append(label)
+            continue
+        version, name, owner, priority, command, timeout_mins, max_runtime_mins, keyvals = row[1:9]
+        parent_id, aborted, created_on, ab, inputs, parent_keyvals = row[9:15]
+        keyvals, ab, inputs, parent_keyvals = _json(keyvals), _json(ab), _json(inputs), _json(parent_keyvals)
+        found[job_id] = JobRecord(
+            id=job_id,
+            version=version,
+            name=name,
+            owner=owner,
+            priority=priority,
+            command=command,
+            timeout_mins=timeout_mins,
+            max_runtime_mins=max_runtime_mins,
+            dependency_labels=[] if label is None else [label],
+            keyvals=keyvals if isinstance(keyvals, dict) else {},
+            parent_id=parent_id,
+            aborted=bool(aborted),
+            created_on=_aware(created_on),
+            ab=ab if isinstance(ab, dict) else {},
+            hqes=hqes.get(job_id, []),
+            inputs=inputs if isinstance(inputs, list) else [],
+        )
+        if parent_id is not None and isinstance(parent_keyvals, dict):
+            suite_keyvals[str(parent_id)] = parent_keyvals
+    for record in found.values():
+        record.dependency_labels.sort()
+    return [found[i] for i in job_ids if i in found], suite_keyvals
+
+
+def _aware(value: Any) -> datetime | None:
+    """A datetime column's value as a raw cursor gives it, aware as the ORM gives it. PostgreSQL's is
+    aware; SQLite's is in UTC but naive (the sqlite3 module's converter for a column declared
+    `datetime`) or text (an expression's), made aware here as Django's own conversion does."""
+    if value is None:
+        return None
+    when = value if isinstance(value, datetime) else parse_datetime(value)
+    if when is None:
+        raise ValueError(f"not a time: {value!r}")
+    return when if timezone.is_aware(when) else timezone.make_aware(when, connection.timezone)
 
 
 # What a heartbeat holds against the shard's known lists: its hosts (id -> version, status) and its
@@ -446,21 +545,27 @@ def _holdings(shard_id: int) -> Holdings:
         return _holdings_of(cursor.fetchall())[0]
 
 
-def _running_elsewhere(shard: Shard, host_ids: list[int]) -> set[int]:
+def _running_elsewhere(shard: Shard, host_ids: list[int], *, all_of_shard: bool = False) -> set[int]:
     """Of `host_ids`, those running a job of another shard: a host that came from there while it ran
     waits until the job ends, since sent now it would be a Ready host here, and the device would run
     two jobs at once."""
     if not host_ids:
         return set()
-    busy = HostQueueEntry.objects.filter(host_id__in=host_ids, status__in=(HQEStatus.STARTING, HQEStatus.RUNNING))
-    return set(busy.exclude(job__shard=shard).values_list("host_id", flat=True))
+    busy = (HQEStatus.STARTING, HQEStatus.RUNNING, shard.id)
+    if all_of_shard:
+        rows = _rows(_record_sql(connection.vendor)["shard_elsewhere"], [], shard.id, *busy)
+    else:
+        rows = _rows(_record_sql(connection.vendor)["elsewhere"], host_ids, *busy)
+    return {host_id for (host_id,) in rows}
 
 
 def process_heartbeat(shard: Shard, req: HeartbeatRequest) -> HeartbeatResponse:
     """A heartbeat from `shard` (only its id and hostname are used: the shard's row is read and written
     under its lock)."""
     now = timezone.now()
-    if not req.updates and not req.host_events and not _discovers(req) and connection.vendor == "postgresql":
+    # Empty known lists are nearly always a new instance's first heartbeat, which the quiet path refuses.
+    quiet = not req.updates and not req.host_events and not _discovers(req) and (req.known_hosts or req.known_jobs)
+    if quiet and connection.vendor == "postgresql":
         holdings = _quiet_heartbeat(shard.id, req, now)
         if holdings is not None:
             return _answer(shard, req, holdings, [], replaced=False)
@@ -518,7 +623,7 @@ def _answer(
             notify_events.host_statuses((h.id, hosts[h.id][1], h.status) for h in req.known_hosts if h.id in hosts)
 
     newer = sorted(i for i, (version, _) in hosts.items() if known_hosts.get(i, 0) < version)
-    elsewhere = _running_elsewhere(shard, newer)
+    elsewhere = _running_elsewhere(shard, newer, all_of_shard=len(newer) == len(hosts))
     send_host_ids = [i for i in newer if i not in elsewhere]
     removed_host_ids = sorted(h.id for h in req.known_hosts if h.id not in hosts)
     more = len(send_host_ids) > MAX_HOSTS_PER_RESPONSE
@@ -534,37 +639,13 @@ def _answer(
     more = more or len(send_jobs) > MAX_JOBS_PER_RESPONSE
     send_job_ids = [job_id for _, job_id in send_jobs[:MAX_JOBS_PER_RESPONSE]]
 
-    sent_hosts = (
-        list(Host.objects.filter(id__in=send_host_ids).prefetch_related("labels").order_by("id"))
-        if send_host_ids
-        else []
-    )
-    jobs = _jobs_to_send(send_job_ids)
-    suite_keyvals = {
-        str(j.parent_id): j.parent.keyvals for j in jobs if j.parent is not None and isinstance(j.parent.keyvals, dict)
-    }
+    jobs, suite_keyvals = job_records(send_job_ids)
     return HeartbeatResponse(
-        hosts=[host_record(h) for h in sent_hosts],
+        hosts=host_records(send_host_ids, all_of_shard=shard.id if len(send_host_ids) == len(hosts) else None),
         removed_host_ids=removed_host_ids,
-        jobs=[job_record(j) for j in jobs],
+        jobs=jobs,
         suite_keyvals=suite_keyvals,
         acks=acks,
         more=more,
         heartbeat_interval_s=settings.FLEETSHARD_HEARTBEAT_INTERVAL_S,
     )
-
-
-def _jobs_to_send(job_ids: list[int]) -> list[Job]:
-    """The jobs, in `job_ids`' order, with what their records carry."""
-    if not job_ids:
-        return []
-    found = {
-        job.id: job
-        for job in Job.objects.filter(id__in=job_ids)
-        .select_related("parent")
-        .prefetch_related(
-            "dependency_labels",
-            Prefetch("hqes", queryset=HostQueueEntry.objects.select_related("meta_host").order_by("id")),
-        )
-    }
-    return [found[i] for i in job_ids]

@@ -13,11 +13,17 @@ hold connections and old snapshots (which keep VACUUM from cleaning) without end
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
+from contextlib import suppress
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from django.conf import settings
+from django.db import Error as DatabaseError
 from django.db import connection
+
+Event = TypeVar("Event")
+Chunk = TypeVar("Chunk")
 
 # A slot counts a little past its deadline: the time a stream takes to notice and end.
 GRACE_S = 5.0
@@ -53,6 +59,45 @@ class Deadline:
             f"export cut short: it reached its deadline of {self.seconds:g} s "
             "(FLEETSHARD_EXPORT_DEADLINE_S); narrow the window (since, until, shard, label, job) or read faster"
         )
+
+    @classmethod
+    def never(cls) -> "Deadline":
+        """No deadline: for writing a file (the CLI, the bench), where no reader holds a connection."""
+        return cls(math.inf, math.inf, enforce_idle=False)
+
+    def chunks(self, events: Iterator[Event], pack: Callable[[Event], Chunk | None]) -> Generator[Chunk, None, str]:
+        """The chunks `pack` makes of `events` (it returns one when it has gathered enough, else None),
+        until the events end or, after a chunk leaves, the deadline has passed. Returns this deadline's
+        note if cut short, else "" (`cut = yield from deadline.chunks(...)`); the caller flushes what
+        `pack` still holds and closes the trace. The events' generator is closed either way, ending
+        its transaction, so the caller's tail runs outside it. Shared by the Chrome trace and the
+        Perfetto export, so both cut short alike."""
+        try:
+            for event in events:
+                chunk = pack(event)
+                if chunk is None:
+                    continue
+                self.before_idle()
+                yield chunk
+                if self.passed():
+                    return self.note()
+        except DatabaseError:
+            # PostgreSQL ended the transaction of a reader that stopped reading until the deadline.
+            if not self.passed():
+                raise
+            return self.note()
+        finally:
+            end_quietly(events)
+        return ""
+
+
+def end_quietly(events: Iterator[object]) -> None:
+    """Ends the events' generator, and with it their transaction; on a connection PostgreSQL closed at
+    the deadline, closing the cursor fails, and there is nothing left to end."""
+    close = getattr(events, "close", None)
+    if close is not None:
+        with suppress(Exception):
+            close()
 
 
 @dataclass

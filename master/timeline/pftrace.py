@@ -8,11 +8,10 @@ import json
 from collections.abc import Iterator
 from typing import IO, Any
 
-from django.db import Error as DatabaseError
 from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TracePacket, TrackEvent
 from perfetto.trace_builder.proto_builder import StreamingTraceProtoBuilder
 
-from master.timeline.export import cut_event, end_quietly, trace_events
+from master.timeline.export import cut_event, trace_events
 from master.timeline.limits import Deadline
 from master.timeline.query import Scope
 
@@ -132,24 +131,12 @@ def pftrace_chunks(s: Scope, deadline: Deadline | None = None) -> Iterator[bytes
     `deadline` it ends early, with a process named for the reason (as the Chrome trace does)."""
     sink = _Sink()
     builder = _Builder(sink)
-    events = trace_events(s)
-    cut = ""
-    try:
-        for text in events:
-            builder.feed(json.loads(text))
-            if sink.size >= FLUSH_BYTES:
-                if deadline is not None:
-                    deadline.before_idle()
-                yield sink.take()
-                if deadline is not None and deadline.passed():
-                    cut = deadline.note()
-                    break
-    except DatabaseError:
-        if deadline is None or not deadline.passed():
-            raise
-        cut = deadline.note()
-    finally:
-        end_quietly(events)
+
+    def pack(text: str) -> bytes | None:
+        builder.feed(json.loads(text))
+        return sink.take() if sink.size >= FLUSH_BYTES else None
+
+    cut = yield from (deadline or Deadline.never()).chunks(trace_events(s), pack)
     if cut:
         for event in json.loads(f"[{cut_event(cut)}]"):
             builder.feed(event)

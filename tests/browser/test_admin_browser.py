@@ -195,7 +195,7 @@ def test_shard_list_shows_online_offline_heartbeat_hosts_and_jobs(world: World, 
     expect(live.locator(".field-state")).to_have_text("online")
     expect(live.locator(".field-heartbeat")).to_contain_text("s ago")
     expect(live.locator(".field-client_version")).to_have_text("0.1.0")
-    expect(live.locator(".field-hosts")).to_contain_text("4 total")
+    expect(live.locator(".field-hosts_by_status")).to_contain_text("4 total")
     expect(live.locator(".field-jobs_queued")).to_have_text("1")
     dead = page.locator("#result_list tr", has_text=OFFLINE)
     expect(dead.locator(".field-state")).to_have_text("offline")

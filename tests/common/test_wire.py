@@ -1,11 +1,12 @@
 """The wire contract's parsers: any JSON value anywhere gives a record or a WireError, nothing else."""
 
 import json
+import math
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from common.wire import (
@@ -17,6 +18,7 @@ from common.wire import (
     WireError,
     clean_text,
     depth_exceeds,
+    dumps,
     loads,
     parse_time,
 )
@@ -299,3 +301,65 @@ def test_loads_parses_as_json_does_whatever_the_body(value, ascii_only, cut):
         except WireError:
             got = "refused"
         assert got == _json_only(body)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[0.00012345678901234567891, 18446744073709551616]",
+        b'{"a": 0.00012345678901234567891, "b": [[-9223372036854775809]]}',
+        b"[0.00012345678901234567891, 18446744073709551615, -9223372036854775808]",
+        b"[0.00012345678901234567891, 1.8446744073709552e19]",
+        b"12345678901234567890123",
+        b'{"x": 0.1234567890123456789012}',
+    ],
+)
+def test_a_long_fraction_beside_a_big_integer_parses_as_json_does(body):
+    """19 digits in a row no longer send a body to json by themselves (a result file's floats have them):
+    orjson's answer stands unless it holds a float of 2**63 or more, where a big integer may have been."""
+    assert _typed(loads(body)) == _json_only(body)
+
+
+@settings(max_examples=200, derandomize=True)
+@given(json_values | st.just({"big": 2**70, "lone": "\ud800", "text": "é\u2028"}))
+def test_a_response_body_reads_back_as_the_value_whatever_orjson_refuses(value):
+    assume(not any(isinstance(v, float) and math.isinf(v) for v in _leaves(value)))  # no JSON for them
+    assert json.loads(dumps(value).decode("utf-8", "surrogatepass")) == value
+
+
+def _leaves(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return [leaf for item in value.values() for leaf in _leaves(item)]
+    if isinstance(value, list):
+        return [leaf for item in value for leaf in _leaves(item)]
+    return [value]
+
+
+def _near_halfway(x: float, digits: int, nudge: int) -> str:
+    """A decimal of `digits` significant digits at, or a last digit off, the exact midpoint between `x`
+    and the next float up: the literals a float parser rounds wrong if any."""
+    from decimal import Context, Decimal
+
+    mid = (Decimal(x) + Decimal(math.nextafter(x, math.inf))) / 2
+    text = format(Context(prec=digits).plus(Decimal(mid)), "e")
+    mantissa, exponent = text.split("e")
+    sign = "-" if mantissa.startswith("-") else ""
+    whole = mantissa.lstrip("-").replace(".", "")
+    last = (int(whole[-1]) + nudge) % 10
+    whole = whole[:-1] + str(last)
+    return f"{sign}{whole[0]}.{whole[1:]}e{int(exponent)}"
+
+
+@settings(max_examples=500, deadline=None, derandomize=True)
+@given(
+    x=st.floats(min_value=5e-324, max_value=1.7e308, allow_nan=False, allow_infinity=False),
+    digits=st.integers(min_value=19, max_value=60),
+    nudge=st.sampled_from([-1, 0, 1]),
+    negative=st.booleans(),
+)
+def test_a_long_fraction_parses_to_the_float_json_makes_to_the_last_bit(x, digits, nudge, negative):
+    """Bodies with 19 digits or more in a row now take orjson's float unless one is 2**63 or more: its
+    float parser must round every such literal as json (Python's float()) does, halfway cases included."""
+    literal = ("-" if negative else "") + _near_halfway(x, digits, nudge)
+    for body in (f"[{literal}]", f'{{"entry": [{{"wallTime": {literal}, "iters": "10"}}]}}'):
+        assert _typed(loads(body.encode())) == _json_only(body.encode()), body

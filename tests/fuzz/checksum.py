@@ -18,7 +18,7 @@ BOOKKEEPING = {("master_token", "last_used")}
 def database_checksum() -> str:
     """SHA-256 over every row of every fleetshard table, by primary key: equal before and after means unchanged.
 
-    A token's `last_used` is left out: it records that a request came (at most once a minute), even
+    A token's `last_used` is left out: it records that a request came (at most once in 5 minutes), even
     one that was refused for its content.
     """
     digest = hashlib.sha256()

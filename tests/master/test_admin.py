@@ -67,7 +67,7 @@ def test_host_list_shows_status_badges_labels_and_filters(fleet, staff):
     page = staff.get(url("host")).content.decode()
     assert 'class="fs-badge"' in page and ">Ready</span>" in page
     assert "flaky usb" in page and "board:a, wifi" in page
-    for param in ("status__exact=Ready", "locked__exact=1", "labels__id__exact=", "shard__id__exact="):
+    for param in ("status__exact=Ready", "locked__exact=1", 'name="labels__id__exact"', 'name="shard__id__exact"'):
         assert param in page
     locked = staff.get(url("host") + "?locked__exact=1").context["cl"]
     assert [h.hostname for h in locked.result_list] == ["a2"]
@@ -75,6 +75,24 @@ def test_host_list_shows_status_badges_labels_and_filters(fleet, staff):
     assert [h.hostname for h in searched.result_list] == ["b1"]
     by_label = staff.get(url("host") + f"?labels__id__exact={Label.objects.get(name='wifi').id}").context["cl"]
     assert sorted(h.hostname for h in by_label.result_list) == ["a1", "a2", "b1"]
+
+
+def test_shard_and_label_filters_are_one_select_each_keeping_the_other_parameters(fleet, staff):
+    """Hundreds of shards and labels: a <select> in a GET form each, not a link a choice."""
+    wifi = Label.objects.get(name="wifi")
+    resp = staff.get(url("host") + f"?labels__id__exact={wifi.id}&q=a&o=2")
+    page = resp.content.decode()
+    shard_form = page[page.index('data-filter-title="shard"') :].split("</details>")[0]
+    assert f'<input type="hidden" name="labels__id__exact" value="{wifi.id}">' in shard_form
+    assert '<input type="hidden" name="q" value="a">' in shard_form and 'name="o" value="2"' in shard_form
+    assert f'<option value="{fleet.lab1.id}">lab1</option>' in shard_form
+    label_form = page[page.index('data-filter-title="labels"') :].split("</details>")[0]
+    assert f'<option value="{wifi.id}" selected>wifi</option>' in label_form
+    assert 'name="labels__id__exact"' not in label_form.split("<select")[0]  # not hidden: the select sets it
+    assert '<a href="?o=2&amp;q=a">All</a>' in label_form and "labels__isnull=True" in label_form
+    assert sorted(h.hostname for h in resp.context["cl"].result_list) == ["a1", "a2"]
+    jobs = staff.get(url("job") + "?label=wifi").content.decode()
+    assert '<option value="wifi" selected>wifi</option>' in jobs and 'name="shard__id__exact"' in jobs
 
 
 def test_job_list_filters_by_status_shard_and_label_and_searches_names(fleet, staff):
@@ -440,3 +458,72 @@ def test_the_host_page_shows_the_running_job_and_the_last_runs(fleet, staff):
     assert f"job {done.id} (done)</a>, entry" in page and ": Failed (test, exit 3), ended " in page
     idle = staff.get(url("host", f"{Host.objects.get(hostname='a2').id}/change")).content.decode()
     assert "nothing" in idle and "none yet" in idle
+
+
+def test_shard_list_sorts_by_host_count_listing_each_shard_once(fleet, staff):
+    """The "hosts by status" column sorts by the count: not by a joined host's name (the reverse
+    relation Shard.hosts), which listed a shard once per host."""
+    services.create_hosts(["a4", "a5"], labels=["board:a"], acting_user=None)
+    lab3, _ = services.create_shard("lab3", [], acting_user=None)
+    for order, expected in (("6", ["lab3", "lab2", "lab1"]), ("-6", ["lab1", "lab2", "lab3"])):
+        cl = staff.get(url("shard") + f"?o={order}").context["cl"]
+        assert [s.hostname for s in cl.result_list] == expected
+        assert [s.hosts_total for s in cl.result_list] == [0, 1, 5] if order == "6" else [5, 1, 0]
+
+
+def test_host_list_sorted_by_status_breaks_ties_by_id_in_the_same_direction(fleet, staff):
+    """One (status, id) index answers either direction: ties go by id the way the column goes."""
+    services.lock_hosts(["a3"], "", acting_user=None)
+    Host.objects.filter(hostname__in=["a2", "c1"]).update(status="Repairing")
+    ids = {h.hostname: h.id for h in Host.objects.all()}
+    ready = sorted(["a1", "a3", "b1"], key=ids.get)
+    repairing = sorted(["a2", "c1"], key=ids.get)
+    ascending = staff.get(url("host") + "?o=2").context["cl"].result_list
+    assert [h.hostname for h in ascending] == ready + repairing
+    descending = staff.get(url("host") + "?o=-2").context["cl"].result_list
+    assert [h.hostname for h in descending] == repairing[::-1] + ready[::-1]
+    # A search still finds a part of a name, in any case (a trigram index on PostgreSQL).
+    assert [h.hostname for h in staff.get(url("host") + "?q=B1").context["cl"].result_list] == ["b1"]
+
+
+def test_host_search_index_is_postgresql_only(db):
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'host_hostname_trgm_idx'")
+            (definition,) = cursor.fetchone()
+            assert "gin" in definition and "gin_trgm_ops" in definition and "upper" in definition
+        else:
+            cursor.execute("SELECT name FROM sqlite_master WHERE name = 'host_hostname_trgm_idx'")
+            assert cursor.fetchone() is None
+
+
+def test_a_deep_page_lists_the_rows_a_plain_slice_would(staff, monkeypatch):
+    """Past DeepPaginator.DEEP_OFFSET the page's rows come by id from a subquery: the same rows, in
+    the same order, in the same number of queries, sorted or searched."""
+    from master.admin.base import DeepPaginator
+
+    services.create_labels(["wifi", "usb"], acting_user=None)
+    services.create_hosts([f"h{i:03}" for i in range(250)], labels=["wifi", "usb"], acting_user=None)
+    Host.objects.filter(hostname__endswith="7").update(status="Repairing")
+    wifi = Label.objects.get(name="wifi").id
+    pages = {}
+    for deep in (10_000, 100):
+        monkeypatch.setattr(DeepPaginator, "DEEP_OFFSET", deep)
+        # A filter on labels (many-to-many) makes the admin's queryset DISTINCT.
+        for query in (
+            "?p=2",
+            "?p=3",
+            "?o=2&p=2",
+            "?o=-2&p=3",
+            "?q=h1&p=2",
+            "?o=-1&p=3",
+            "?o=5&p=2",
+            f"?labels__id__exact={wifi}&p=3",
+        ):
+            cl = staff.get(url("host") + query).context["cl"]
+            pages.setdefault(query, []).append([h.hostname for h in cl.result_list])
+    for query, (plain, deep_rows) in pages.items():
+        assert plain == deep_rows and plain, query
+    assert len(pages["?p=3"][0]) == 50 and pages["?p=2"][0][0] == "h100"

@@ -200,12 +200,19 @@ def test_a_sigint_while_the_last_heartbeat_hangs_still_stops_at_once(running):
         world = {"shard": "silent.lab", "token": "fs_unused"}
         shard = running(f"http://127.0.0.1:{silent.getsockname()[1]}", world)
         silent.settimeout(15)
-        conn, _ = silent.accept()  # the first heartbeat is now waiting for an answer
-        with conn:
+        # The long-poll may connect first: the heartbeat is in flight once its POST has come.
+        held = []
+        while not held or not held[-1].recv(5, socket.MSG_PEEK).startswith(b"POST "):
+            held.append(silent.accept()[0])
+            held[-1].settimeout(15)
+        try:
             shard.process.on_signal(signal.SIGTERM)
             assert not shard.ended(1), "a first SIGTERM waits for the heartbeat in flight"
             shard.process.on_signal(signal.SIGINT)
             assert shard.ended(5), "SIGINT must stop at once, whatever the heartbeat thread is waiting for"
+        finally:
+            for conn in held:
+                conn.close()
 
 
 @pytest.mark.parametrize(

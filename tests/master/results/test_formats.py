@@ -343,3 +343,58 @@ def test_any_json_value_in_any_field_parses_or_names_the_file(value):
             for number in (e.wall_time_s, e.cpu_time_s, e.throughput):
                 assert number is None or 0 <= number < float("inf")
         json.dumps(run.info, allow_nan=False)
+
+
+plain_values = (
+    st.none() | st.booleans() | st.integers(min_value=-5, max_value=2**64) | st.floats() | st.text(max_size=4)
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    name=st.text(max_size=3) | st.just("x" * 255) | st.just("x" * 256) | st.just(" ") | st.integers(),
+    values=st.fixed_dictionaries(
+        {}, optional={k: plain_values for k in ("wallTime", "cpuTime", "throughput", "iters", "extras")}
+    ),
+)
+def test_the_quick_read_of_a_plain_entry_is_what_the_full_read_makes(name, values):
+    """tensorflow._plain_entry takes only entries it can read exactly as _entry does, and leaves the rest
+    (extras, ints as times, NaN, out of range, bad names) to _entry, which refuses them naming the field."""
+    from common.result_formats.records import Reader
+    from common.result_formats.tensorflow import _entry, _plain_entry
+
+    entry = {"name": name, **values}
+    quick = _plain_entry(entry, Reader("f.json", plain=True))
+    try:
+        full = _entry(entry, "entries.entry[0]", Reader("f.json"))
+    except ResultFormatError:
+        assert quick is None
+        return
+    assert quick is None or (quick == full and [type(v) for v in quick[:5]] == [type(v) for v in full[:5]])
+
+
+@pytest.mark.parametrize(
+    ("data", "plain"),
+    [
+        (b'{"a": "b"}', True),
+        (b'{"a": "\\u0000"}', False),
+        (b'{"a": "\\ud800"}', False),
+        (b'{"a": "\xed\xa0\x80"}', False),  # a surrogate in UTF-8, which json reads with surrogatepass
+        ('{"a": "b"}'.encode("utf-16"), False),
+        (b'{"a": "\\\\u"}', False),  # an escaped backslash before u: refused too (the slow way, never wrong)
+    ],
+)
+def test_plain_bytes_is_true_only_where_no_string_can_hold_nul_or_a_surrogate(data, plain):
+    from common.result_formats.records import plain_bytes
+
+    assert plain_bytes(data) is plain
+
+
+def test_a_name_with_nul_or_a_surrogate_is_refused_whichever_way_the_file_is_read():
+    for body in (
+        b'{"name": "t", "startTime": 1700000000, "entries": {"entry": [{"name": "a\\u0000"}]}}',
+        b'{"name": "t", "startTime": 1700000000, "entries": {"entry": [{"name": "a\\udc00", "wallTime": 1.0}]}}',
+        b'{"name": "t", "startTime": 1700000000, "entries": {"entry": [{"name": "a\xed\xb0\x80", "wallTime": 1.0}]}}',
+    ):
+        with pytest.raises(ResultFormatError, match="contains NUL or a lone surrogate"):
+            parse_result_file("f.json", body)

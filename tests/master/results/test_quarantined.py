@@ -41,7 +41,7 @@ def test_a_shards_report_is_recorded_once_and_a_retry_changes_nothing(fleet, sha
 
 def test_a_report_costs_a_pinned_number_of_queries(fleet, shard_hqe, django_assert_num_queries):
     shard = client_for(fleet.token1)
-    report(shard, shard_hqe.id, name="warm.json")  # the token's last_used is written once a minute
+    report(shard, shard_hqe.id, name="warm.json")  # the token's last_used is written once in 5 minutes
     # The token, the HQE with its job, then in the service's transaction (a savepoint inside the
     # test's): the HQE held against a purge, the file reported before?, the HQE's count, and the insert
     # in a savepoint of its own.

@@ -167,9 +167,9 @@ def test_pools_are_stored_whole(fleet, heartbeat):
 
 # Bounded queries: a set's cost does not grow with its hosts. Pinned exactly per database: SQLite and
 # PostgreSQL differ only by the heartbeat's own statements.
-APPLY_NEW = {"postgresql": 27, "sqlite": 27}
+APPLY_NEW = {"postgresql": 26, "sqlite": 26}
 # Three of them write the `host.missing` notification of the host that left (master/notify/events.py).
-APPLY_CHANGED = {"postgresql": 25, "sqlite": 25}
+APPLY_CHANGED = {"postgresql": 24, "sqlite": 24}
 
 
 @pytest.mark.parametrize("size", [10, 10_000])

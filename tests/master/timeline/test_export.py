@@ -156,3 +156,22 @@ def test_an_interval_written_while_the_export_streams_is_not_half_in_it(fleet_co
     trace = {"traceEvents": [json.loads(e) for e in [first, *events]]}
     validate(trace)
     assert {e["tid"] for e in trace["traceEvents"] if e.get("cat") == "run"} == {host("a1").id}
+
+
+def test_the_export_costs_a_fixed_number_of_queries_whatever_its_size(
+    fleet, day, monkeypatch, django_assert_num_queries
+):
+    """Pinned (issue 30): the slices' fetches run ahead in a thread and both scans are fenced with
+    OFFSET 0 on PostgreSQL; neither may add a query, nor may more rows. In the test's transaction the
+    export's atomic blocks are savepoints: the pairs, the counters' start and buckets, the shards' and
+    hosts' names, the slices (a savepoint around them, and on PostgreSQL `SET LOCAL jit`), the jobs'
+    own traces. Fetches of a cursor already open are not queries."""
+    monkeypatch.setattr(export, "CHUNK_ROWS", 2)  # several fetches, each ahead of its consumer
+    expected = 12 if connection.vendor == "postgresql" else 11
+    with django_assert_num_queries(expected):
+        few = "".join(trace_chunks(scope(NOW)))
+    for i in range(40):
+        add_run("a3", 1000 + i * 10, 1005 + i * 10, name=f"more {i}")
+    with django_assert_num_queries(expected):
+        many = "".join(trace_chunks(scope(NOW)))
+    assert validate(json.loads(few)).slices == 5 and validate(json.loads(many)).slices == 45

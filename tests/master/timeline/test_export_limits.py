@@ -4,6 +4,7 @@ Before, 10 slow readers held 10 backends idle in transaction for as long as they
 
 import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
 
@@ -11,7 +12,7 @@ import psycopg2
 import pytest
 import requests
 from django.contrib.auth.models import User
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, OperationalError, connection, connections
 from django.test import Client
 
 from master.timeline import export
@@ -99,6 +100,76 @@ def test_a_reader_gone_midway_leaves_the_connection_out_of_any_transaction(fleet
     assert not connection.in_atomic_block
     trace = json.loads("".join(trace_chunks(scope(at(100000)))))
     assert sum(e["ph"] == "X" for e in trace["traceEvents"]) == 300
+
+
+def _fetch_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("timeline-fetch") and t.is_alive()]
+
+
+@pytest.mark.parametrize("pftrace_format", [False, True], ids=["chrome", "perfetto"])
+def test_a_reader_gone_while_a_fetch_runs_ahead_waits_for_it_and_leaves_no_thread(
+    fleet_committed, monkeypatch, pftrace_format
+):
+    """The slices' next fetch runs in a thread while a chunk leaves: a reader gone then closes the stream
+    while the fetch may be under way. The cursor is closed only after it, no fetch thread is left, and
+    the connection is out of any transaction and serves the next export whole."""
+    from master.timeline import pftrace
+
+    for n in range(300):
+        add_state("a1", "Cleaning", n * 10, n * 10 + 5)
+    monkeypatch.setattr(export, "CHUNK_ROWS", 7)
+    monkeypatch.setattr(export, "FLUSH_CHARS", 50)
+    monkeypatch.setattr(pftrace, "FLUSH_BYTES", 50)
+    for _ in range(3):
+        chunks = (pftrace.pftrace_chunks if pftrace_format else trace_chunks)(scope(at(100000)))
+        for _ in range(30):
+            next(chunks)
+        assert connection.in_atomic_block and len(_fetch_threads()) == 1  # amid the slices, a fetch ahead
+        chunks.close()
+        assert not connection.in_atomic_block and _fetch_threads() == []
+    trace = json.loads("".join(trace_chunks(scope(at(100000)))))
+    assert sum(e["ph"] == "X" for e in trace["traceEvents"]) == 300
+    assert _fetch_threads() == []
+
+
+def test_an_error_in_the_fetch_thread_reaches_the_export_and_leaves_nothing_open(fleet_committed, monkeypatch):
+    """A fetch that fails in the thread (the connection lost, say) fails the export with the database's
+    error, before the deadline, as a fetch in the export's own thread did; nothing is left open."""
+    for n in range(100):
+        add_state("a1", "Cleaning", n * 10, n * 10 + 5)
+    monkeypatch.setattr(export, "CHUNK_ROWS", 5)
+    monkeypatch.setattr(export, "FLUSH_CHARS", 50)
+    real = connection.chunked_cursor
+    fetches = []
+
+    class Failing:
+        """The export's real cursor, whose third fetch fails as a lost connection's would."""
+
+        def __init__(self, cursor: object) -> None:
+            self.cursor = cursor
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.cursor, name)
+
+        def fetchmany(self, size: int) -> object:
+            fetches.append(threading.current_thread().name)
+            if len(fetches) == 3:
+                raise OperationalError("server closed the connection unexpectedly")
+            return self.cursor.fetchmany(size)
+
+    wrapper = connections[DEFAULT_DB_ALIAS]
+    wrapper.chunked_cursor = lambda: Failing(real())
+    try:
+        chunks = trace_chunks(scope(at(100000)), Deadline.starting_now(3600, enforce_idle=False))
+        with pytest.raises(OperationalError, match="closed the connection"):
+            for _ in chunks:
+                pass
+    finally:
+        del wrapper.chunked_cursor
+    assert len(fetches) == 3 and all(name.startswith("timeline-fetch") for name in fetches)
+    assert not connection.in_atomic_block and _fetch_threads() == []
+    trace = json.loads("".join(trace_chunks(scope(at(100000)))))
+    assert sum(e["ph"] == "X" for e in trace["traceEvents"]) == 100
 
 
 # Served: real slow readers on sockets, and PostgreSQL's own view of the backends.
