@@ -8,7 +8,7 @@ from django.db import connection
 from django.test import Client
 
 from master import services
-from tests.support import assert_status
+from tests.support import assert_status, wait_until
 
 URL = "/api/v1/heartbeat/wait"
 
@@ -99,11 +99,12 @@ def test_a_shard_learns_only_of_its_own_news(fleet_committed, client, news_liste
 
     waits = [
         threading.Thread(target=wait, args=("lab1", fleet.token1, "10")),
-        threading.Thread(target=wait, args=("lab2", fleet.token2, "1")),
+        threading.Thread(target=wait, args=("lab2", fleet.token2, "3")),
     ]
     for thread in waits:
         thread.start()
-    time.sleep(0.3)
+    # Both waits held before the job: a loaded machine may take longer than any fixed pause to start them.
+    wait_until(lambda: news_listener.held == 2, 3, 0.01, "both waits held")
     created = time.monotonic()
     fleet.job()
     for thread in waits:
