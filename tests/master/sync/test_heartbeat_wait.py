@@ -23,7 +23,7 @@ def test_a_wait_without_news_ends_at_its_timeout_with_news_false(fleet, client, 
     resp = get(client, fleet.token1, timeout="0.3")
     assert_status(resp, 200)
     assert resp.json() == {"news": False}
-    assert 0.3 * 0.75 <= time.monotonic() - began < 3
+    assert 0.3 * 0.75 <= time.monotonic() - began < 10  # the listener may take 2 s to start, a loaded CI more
 
 
 def test_waits_begun_together_end_spread_over_the_last_quarter_of_their_timeout(fleet_committed, news_listener):
