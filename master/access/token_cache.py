@@ -45,6 +45,11 @@ SHARD_FIELDS = ("id", "hostname")
 # went to the database (heartbeat capacity at a million hosts: 348/s at 60 s, 450-462/s at 300 s).
 MAX_AGE_S = 300.0
 
+# At most one fill a process begins in this many seconds, whatever news comes: a script revoking a
+# token a second would otherwise have every process read every token in use (some 200 ms at 20,000)
+# every second. A miss within it reads its one token, as a process without fills would.
+FILL_GAP_S = 5.0
+
 # Not kept of a user: its password hash (a token is not a password; read if anything asks for it).
 USER_UNCACHED = ("password",)
 
@@ -112,6 +117,7 @@ class TokenCache:
         # it read; a forked child's, whose thread did not survive the fork) holds up no later one.
         self._filled: tuple[int, float] | None = None
         self._filling: int | None = None
+        self._fill_began: float | None = None
 
     @staticmethod
     def size() -> int:
@@ -159,14 +165,18 @@ class TokenCache:
 
     def begin_fill(self, generation: int) -> bool:
         """Whether this lookup should read every token in use along with its own: True once a
-        generation and MAX_AGE_S (and to one thread at a time), after which end_fill must follow."""
+        generation and MAX_AGE_S, to one thread at a time and at most once in FILL_GAP_S; end_fill
+        must follow."""
         with self._lock:
             if generation != self._generation or not self.trusted() or self._filling == generation:
                 return False
             filled = self._filled
-            if filled is not None and filled[0] == generation and time.monotonic() - filled[1] < MAX_AGE_S:
+            now = time.monotonic()
+            if filled is not None and filled[0] == generation and now - filled[1] < MAX_AGE_S:
                 return False
-            self._filling = generation
+            if self._fill_began is not None and now - self._fill_began < FILL_GAP_S:
+                return False
+            self._filling, self._fill_began = generation, now
             return True
 
     def end_fill(self, entries: list[Entry] | None, generation: int) -> bool:
@@ -176,6 +186,8 @@ class TokenCache:
         with self._lock:
             if self._filling == generation:
                 self._filling = None
+                if entries is None:
+                    self._fill_began = None  # it read nothing: the next miss tries again
             if entries is None or generation != self._generation or not self.trusted():
                 return False
             for entry in reversed(entries[:size]):  # the first (the one looked up) ends most recent
@@ -205,6 +217,8 @@ class TokenCache:
         with self._lock:
             self._entries.clear()
             self._generation += 1
+            if sure and self._hearing_pid != os.getpid():
+                self._fill_began = None  # a listener (re)connected, or a fork's child's: fill at once
             self._hearing_pid = os.getpid() if sure else None
 
 

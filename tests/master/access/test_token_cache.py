@@ -15,6 +15,7 @@ from rest_framework.test import APIClient
 
 from master import services
 from master.access.credentials import digest_of, entries_in_use, find_token, touch
+from master.access import token_cache
 from master.access.token_cache import CACHE, MAX_AGE_S, Entry, TokenCache
 from master.models import Token
 from master.sync import notifier
@@ -23,9 +24,11 @@ from tests.support import assert_status, wait_until
 
 
 @pytest.fixture
-def cached(settings, news_listener):
-    """The cache on, and this process's listener hearing, as in a `serve` worker."""
+def cached(settings, news_listener, monkeypatch):
+    """The cache on, and this process's listener hearing, as in a `serve` worker; fills as often as news
+    comes (the gap between fills has a test of its own)."""
     settings.FLEETSHARD_TOKEN_CACHE = 1000
+    monkeypatch.setattr(token_cache, "FILL_GAP_S", 0.0)
     wait_until(lambda: CACHE.generation() is not None, timeout=10, interval=0.02, what="the listener")
     CACHE.invalidate()
     return CACHE
@@ -150,6 +153,26 @@ def test_a_fill_is_read_again_once_it_is_past_its_max_age_and_news_during_it_dro
     cached.invalidate()  # news came while the rows were read
     assert not cached.end_fill(entries, generation) and len(cached) == 0
     assert cached.begin_fill(cached.generation() or 0)  # the dropped fill is tried again
+
+
+def test_news_within_the_fill_gap_is_read_token_by_token_and_filled_after_it(fleet, cached, monkeypatch):
+    """A script revoking a token a second: each process fills at most once a FILL_GAP_S, not at every
+    change; meanwhile each miss reads its one token, and a revoked token is refused all the same."""
+    monkeypatch.setattr(token_cache, "FILL_GAP_S", 60.0)
+    raws = shards_in_use(3)
+    cached._fill_began = None
+    assert lookup_queries(raws[0]) == 1 and len(cached) == 3  # the fill
+    token = Token.objects.get(digest=digest_of(raws[1]))
+    services.revoke_token(token.id, acting_user=None)  # news: the cache is emptied
+    assert len(cached) == 0
+    assert find_token(raws[1]) is None
+    assert lookup_queries(raws[0]) == 1 and len(cached) == 1  # within the gap: that token alone
+    assert lookup_queries(raws[2]) == 1 and len(cached) == 2
+    assert lookup_queries(raws[0]) == 0
+    cached.invalidate()
+    cached._fill_began = time.monotonic() - 60.0  # the gap has passed
+    assert lookup_queries(raws[0]) == 1 and len(cached) == 2  # a fill again, without the revoked token
+    assert lookup_queries(raws[2]) == 0
 
 
 def test_a_fill_that_fails_is_tried_again_at_the_next_miss(fleet, cached):
