@@ -14,8 +14,8 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from master import services
-from master.access.credentials import digest_of, entries_in_use, find_token, touch
 from master.access import token_cache
+from master.access.credentials import digest_of, entries_in_use, find_token, touch
 from master.access.token_cache import CACHE, MAX_AGE_S, Entry, TokenCache
 from master.models import Token
 from master.sync import notifier
