@@ -6,7 +6,8 @@ database time. The constraint goes; triggers keep its two rules:
 - an entry (inserted, or its run changed) names a run that exists: on PostgreSQL once per statement,
   over the statement's rows (a COPY of a file's entries is one), locking each distinct run FOR KEY
   SHARE as the foreign key's check did, so a run deleted meanwhile is waited for and then refused;
-- a run is not deleted while entries name it (the ORM deletes a run's entries first, as before).
+- a deleted run's entries go with it (ON DELETE CASCADE, as the model says; the ORM deletes them
+  first anyway, and `manage.py flush` on SQLite deletes tables in any order).
 SQLite (not where ingest speed is measured) checks per row. Its triggers live on the tables, and
 Django's SQLite schema editor drops them when it rebuilds a table (a later AlterField): a later
 migration that rebuilds master_testentry or master_testrun must create them again (tests of the rules
@@ -40,21 +41,18 @@ POSTGRESQL = [
     "CREATE TRIGGER master_testentry_run_exists_update AFTER UPDATE ON master_testentry"
     " REFERENCING NEW TABLE AS new_entries FOR EACH STATEMENT EXECUTE FUNCTION master_testentry_run_exists()",
     """
-    CREATE FUNCTION master_testrun_no_entries_left() RETURNS trigger LANGUAGE plpgsql AS $$
+    CREATE FUNCTION master_testrun_delete_entries() RETURNS trigger LANGUAGE plpgsql AS $$
     BEGIN
-        IF EXISTS (SELECT 1 FROM master_testentry WHERE run_id IN (SELECT id FROM old_runs)) THEN
-            RAISE foreign_key_violation USING MESSAGE =
-                'delete on table "master_testrun" leaves entries in "master_testentry" without their run';
-        END IF;
+        DELETE FROM master_testentry WHERE run_id IN (SELECT id FROM old_runs);
         RETURN NULL;
     END $$
     """,
-    "CREATE TRIGGER master_testrun_no_entries_left AFTER DELETE ON master_testrun"
-    " REFERENCING OLD TABLE AS old_runs FOR EACH STATEMENT EXECUTE FUNCTION master_testrun_no_entries_left()",
+    "CREATE TRIGGER master_testrun_delete_entries AFTER DELETE ON master_testrun"
+    " REFERENCING OLD TABLE AS old_runs FOR EACH STATEMENT EXECUTE FUNCTION master_testrun_delete_entries()",
 ]
 POSTGRESQL_REVERSE = [
-    "DROP TRIGGER master_testrun_no_entries_left ON master_testrun",
-    "DROP FUNCTION master_testrun_no_entries_left()",
+    "DROP TRIGGER master_testrun_delete_entries ON master_testrun",
+    "DROP FUNCTION master_testrun_delete_entries()",
     "DROP TRIGGER master_testentry_run_exists_update ON master_testentry",
     "DROP TRIGGER master_testentry_run_exists_insert ON master_testentry",
     "DROP FUNCTION master_testentry_run_exists()",
@@ -67,12 +65,11 @@ SQLITE = [
     "CREATE TRIGGER master_testentry_run_exists_update BEFORE UPDATE OF run_id ON master_testentry"
     " WHEN NOT EXISTS (SELECT 1 FROM master_testrun WHERE id = NEW.run_id)"
     f" BEGIN {_NO_RUN}; END",
-    "CREATE TRIGGER master_testrun_no_entries_left BEFORE DELETE ON master_testrun"
-    " WHEN EXISTS (SELECT 1 FROM master_testentry WHERE run_id = OLD.id)"
-    " BEGIN SELECT RAISE(ABORT, 'FOREIGN KEY constraint failed: a deleted run still has entries'); END",
+    "CREATE TRIGGER master_testrun_delete_entries AFTER DELETE ON master_testrun"
+    " BEGIN DELETE FROM master_testentry WHERE run_id = OLD.id; END",
 ]
 SQLITE_REVERSE = [
-    "DROP TRIGGER master_testrun_no_entries_left",
+    "DROP TRIGGER master_testrun_delete_entries",
     "DROP TRIGGER master_testentry_run_exists_update",
     "DROP TRIGGER master_testentry_run_exists_insert",
 ]

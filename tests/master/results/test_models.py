@@ -1,5 +1,5 @@
 """The rule entry -> run without a per-row foreign key (migration 0013): the database still refuses an
-entry of no run and a run deleted under its entries, and the ORM still deletes a run's entries with it."""
+entry of no run, and a deleted run (by the ORM or by SQL) leaves no entries."""
 
 import io
 
@@ -61,13 +61,35 @@ def test_a_copy_naming_no_run_is_refused(db):
     assert TestEntry.objects.count() == 3
 
 
-def test_a_run_cannot_be_deleted_under_its_entries(db):
-    """Only the ORM cascades: SQL that deletes a run but not its entries is refused, as the foreign key did."""
-    run = store(0)
-    with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(f"DELETE FROM {TestRun._meta.db_table} WHERE id = %s", [run.id])
-    assert TestRun.objects.filter(id=run.id).exists() and TestEntry.objects.filter(run=run).count() == 3
-    empty = TestRun.objects.create(test="t", start=hour(5), format="tensorflow", digest="0" * 64)
-    with connection.cursor() as cursor:  # a run without entries goes
-        cursor.execute(f"DELETE FROM {TestRun._meta.db_table} WHERE id = %s", [empty.id])
-    assert not TestRun.objects.filter(id=empty.id).exists()
+def test_sql_that_deletes_a_run_deletes_its_entries(db):
+    """Not only the ORM cascades: a run deleted by SQL takes its entries along, and no other run's."""
+    gone, kept = store(0), store(1)
+    with connection.cursor() as cursor:
+        cursor.execute(f"DELETE FROM {TestRun._meta.db_table} WHERE id = %s", [gone.id])
+    assert not TestEntry.objects.filter(run_id=gone.id).exists()
+    assert TestEntry.objects.filter(run=kept).count() == 3
+
+
+@pytest.fixture
+def before_0013(transactional_db):
+    """The test database taken back to just before migration 0013; forward to the latest again afterwards."""
+    from django.db.migrations.executor import MigrationExecutor
+
+    MigrationExecutor(connection).migrate([("master", "0012_subscription_creator_cascade")])
+    yield
+    executor = MigrationExecutor(connection)
+    executor.migrate(executor.loader.graph.leaf_nodes())
+
+
+def test_0013_migrates_a_database_with_entries_and_back(before_0013):
+    """Rows stored under the per-row foreign key stay, and the rules hold after the move either way."""
+    from django.db.migrations.executor import MigrationExecutor
+
+    run = store(0)  # the ingest writes the same columns before and after 0013
+    executor = MigrationExecutor(connection)
+    executor.migrate(executor.loader.graph.leaf_nodes())
+    assert TestEntry.objects.filter(run=run).count() == 3
+    with pytest.raises(IntegrityError), transaction.atomic():
+        TestEntry.objects.create(run_id=missing_run_id(), test="t", entry="x", start=hour(0))
+    MigrationExecutor(connection).migrate([("master", "0012_subscription_creator_cascade")])
+    assert TestEntry.objects.filter(run=run).count() == 3
