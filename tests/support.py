@@ -152,6 +152,32 @@ def wait_until(predicate: Any, timeout: float = 30.0, interval: float = 0.2, wha
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
+def news_held(board: Any, n: int) -> None:
+    """The `n` waits just started are held by `board`: a loaded machine may take longer than any fixed
+    pause to start them, and a wait begun after the news it is meant to hear never hears it."""
+    wait_until(lambda: board.held == n, timeout=10, interval=0.01, what=f"{n} waits held")
+
+
+SENTINEL_SHARD = 999_999_999_999  # a shard id no test creates
+
+
+def news_settled(board: Any) -> None:
+    """Every notification sent before this call has reached `board` (they arrive in the order they
+    were sent: a sentinel's is heard last), so a late one cannot wake the wait a test starts next.
+    Instead of a fixed pause "to let earlier news land", which a loaded machine outruns."""
+    from master.sync.notifier import shards_changed
+
+    wait_until(lambda: board.listening_since is not None, timeout=10, interval=0.02, what="the listener")
+    got: list[bool] = []
+    thread = threading.Thread(target=lambda: got.append(board.wait(SENTINEL_SHARD, None, 10.0)))
+    thread.start()
+    news_held(board, 1)
+    with transaction.atomic():
+        shards_changed([SENTINEL_SHARD])
+    thread.join(11)
+    assert got == [True], "the sentinel notification never came"
+
+
 def stop(proc: subprocess.Popen[bytes], timeout: float = 20) -> int:
     if proc.poll() is None:
         proc.terminate()

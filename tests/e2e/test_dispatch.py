@@ -162,7 +162,8 @@ result.append(services.create_personal_token("wait{tag}", admin=True, acting_use
     )
     assert_status(resp, 200)
     assert len(resp.json()["hosts"]) == 1
-    assert time.monotonic() - began < 2.0
+    # At once, not once the waits end (WAIT_S after they began, some 6 s from here); room for a loaded machine.
+    assert time.monotonic() - began < 4.0
     created = time.monotonic()
     resp = requests.post(
         master_server.url + "/api/v1/jobs/",
@@ -172,7 +173,8 @@ result.append(services.create_personal_token("wait{tag}", admin=True, acting_use
     )
     assert_status(resp, 201)
     wait_until(lambda: len(answers[1]) == 3, timeout=20, what="shard 1's waits to end")
-    assert all(news is True and at - created < 2 for news, at in answers[1])
+    # At once, not at their WAIT_S timeout (with room for a loaded machine).
+    assert all(news is True and at - created < 5 for news, at in answers[1])
     assert all(not answers[n] for n in range(2, WAITING_SHARDS))  # the others are still held
     for thread in threads:
         thread.join(30)

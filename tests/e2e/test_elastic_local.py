@@ -53,7 +53,8 @@ def test_local_workers_run_every_job_never_above_max_and_leave_once_idle(master_
         assert statuses == ["Completed"] * JOBS
         assert 1 <= watch.most <= MAX_WORKERS, f"{watch.most} workers at once"
         gone_after = watch.last_seen_at - done_at
-        assert gone_after <= IDLE_S + TICK_S + 2, f"the last worker left {gone_after:.1f} s after the work ended"
+        # IDLE_S and a tick, with room for a loaded machine's late ticks and exits (not twice IDLE_S).
+        assert gone_after <= IDLE_S + TICK_S + 4, f"the last worker left {gone_after:.1f} s after the work ended"
         log = role.data_dir.joinpath("manager.log").read_text()
         assert "started local worker" in log
         # Each worker's uploader sent its runs' result files (this one the master quarantines).
@@ -116,7 +117,10 @@ def test_a_workers_run_end_reaches_the_master_well_within_the_heartbeat_interval
                     seen[hqe] = time.time() - finished_on.timestamp()
             time.sleep(0.1)
         assert len(seen) == len(jobs), seen
-        assert max(seen.values()) < 3.0, f"run ends reached the master {sorted(seen.values())} s after they ended"
+        # Well within the 20 s interval, with room for a loaded machine.
+        assert max(seen.values()) < INTERVAL_S / 2, (
+            f"run ends reached the master {sorted(seen.values())} s after they ended"
+        )
         workers = {row[0].split(":")[1] for row in sql(shard.url, "SELECT runner FROM shard_run")}
         assert str(manager.pid) not in workers, "the manager ran a job: no worker's end was measured"
     finally:

@@ -4,6 +4,7 @@ with the entry; the master's log then equals the shard's file, up to the master'
 a master restart in the middle of the run."""
 
 import os
+import select
 import subprocess
 import sys
 import threading
@@ -116,7 +117,12 @@ def test_a_log_shipped_across_a_master_restart_equals_the_shards_file_up_to_the_
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
-        time.sleep(1)
+        # It has read the lines shipped so far (so it follows the master before the restart), however
+        # slowly a loaded machine starts its Python: a fixed second was no promise it had.
+        assert follower.stdout is not None
+        ready, _, _ = select.select([follower.stdout], [], [], 60)
+        assert ready, "the follower printed nothing in 60 s"
+        first = os.read(follower.stdout.fileno(), 1 << 16)
         stop(own_master.proc)
         time.sleep(1)
         own_master.proc = serve(own_master.role, port)
@@ -131,6 +137,7 @@ def test_a_log_shipped_across_a_master_restart_equals_the_shards_file_up_to_the_
         assert final["hqe_status"] == "Completed"
         assert "log shipping paused" in shard.process.log()
         out, err = follower.communicate(timeout=60)
+        out = first + out
         assert follower.returncode == 0, err
         assert out == whole[:cap], (out[-200:], err)
         assert b"lost the master" in err and b"the master keeps the first 3000 bytes" in err

@@ -120,7 +120,8 @@ def test_a_receiver_trickling_its_headers_is_cut_at_the_one_deadline(monkeypatch
         took = time.monotonic() - started
     finally:
         r.close()
-    assert not outcome.ok and outcome.error == "no complete answer within 1 s" and took < 2.5
+    # Cut at its 1 s, not after the 10 s of trickled headers (with room for a loaded machine).
+    assert not outcome.ok and outcome.error == "no complete answer within 1 s" and took < 5
 
 
 def test_closing_the_sender_stops_a_thread_retrying_a_dead_receiver(transactional_db, fast, receivers):  # noqa: F811
@@ -132,7 +133,8 @@ def test_closing_the_sender_stops_a_thread_retrying_a_dead_receiver(transactiona
     wait_until(lambda: len(r.got) >= 2, timeout=5)
     started = time.monotonic()
     s.close()
-    assert time.monotonic() - started < 2.0 and len(r.got) < 20
+    # After the attempt in flight, not SLICE (500) attempts: a loaded machine stretches the one, not the count.
+    assert time.monotonic() - started < 5 and len(r.got) < 20
 
 
 @pytest.mark.parametrize("answer", [b"HTTP/1.1 200 OK\r\nContent-Le", b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n"])

@@ -2,6 +2,7 @@
 a subscription's connection kept alive between deliveries (and given up when it may not be), one
 watchdog thread for every deadline, name resolution inside the deadline, and the queries of a batch."""
 
+import select
 import socket
 import threading
 import time
@@ -10,6 +11,7 @@ from master.notify import events, sender, webhook
 from master.notify.models import Delivery
 from tests.master.notify.receiver import Receiver
 from tests.master.notify.test_sender import drain, fast, receivers, subscribe  # noqa: F401  # fixtures
+from tests.support import wait_until
 
 
 def post(r: Receiver, kept: webhook.Connection | None, body: bytes = b"{}") -> webhook.Outcome:
@@ -59,7 +61,9 @@ def test_a_kept_connection_the_receiver_closed_is_replaced_and_the_request_sent_
     r = receivers([answer_then_hang_up], keep_alive=True)
     kept = webhook.Connection()
     assert post(r, kept, b'{"n": 1}').ok
-    time.sleep(0.2)  # the receiver's close reaches this side
+    # The receiver's close has reached this side (the kept socket reads its end): the receiver's thread
+    # closes it after the answer, which a loaded machine may run later than any fixed pause.
+    wait_until(lambda: select.select([kept._sock], [], [], 0)[0], timeout=10, interval=0.01, what="the close")
     second = post(r, kept, b'{"n": 2}')
     assert second.ok, second
     assert [g["body"] for g in r.got] == [b'{"n": 1}', b'{"n": 2}'] and r.got[0]["port"] != r.got[1]["port"]
@@ -116,7 +120,8 @@ def test_a_name_that_does_not_resolve_in_time_ends_the_attempt_at_its_deadline(m
     started = time.monotonic()
     outcome = webhook.post("https://slow.example.org/hook", b"{}", {}, allow_private=False, timeout_s=0.5)
     took = time.monotonic() - started
-    assert not outcome.ok and outcome.error == "cannot resolve slow.example.org within 0.5 s" and took < 1.5, took
+    # Before the name server's 3 s answer, with room for a loaded machine.
+    assert not outcome.ok and outcome.error == "cannot resolve slow.example.org within 0.5 s" and took < 2.5, took
 
 
 def test_a_batch_of_deliveries_costs_one_read_and_one_write(db, fast, receivers, django_assert_num_queries):  # noqa: F811

@@ -150,7 +150,7 @@ def test_a_file_that_shrinks_while_it_is_sent_is_skipped_at_once_not_retried_for
             os.truncate(path, 1000)
             started = time.monotonic()
             assert "shrank while it was sent" in sender.put(fd, digest, 3_000_000)
-            assert time.monotonic() - started < 5
+            assert time.monotonic() - started < 8  # not its 10 s timeout (with room for a loaded machine)
         finally:
             os.close(fd)
     finally:

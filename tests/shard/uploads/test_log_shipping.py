@@ -232,8 +232,9 @@ def test_a_stopping_shards_flush_ends_by_its_deadline_however_many_logs_wait(wor
     shipper = shipper_for(world, SlowMaster())
     started = time.monotonic()
     shipper.flush(0.2)
-    # At most the chunk in flight at the deadline (1 s); shipping all three would take 6 s.
-    assert time.monotonic() - started < 3.0
+    # At most the chunk in flight at the deadline (1 s); shipping all three would take 6 s. Room for a
+    # loaded machine: what was shipped is pinned by the logs left below, not by the clock.
+    assert time.monotonic() - started < 5.0
     assert len(shipper.logs) >= 2
 
 
