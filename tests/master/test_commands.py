@@ -80,7 +80,8 @@ def test_serve_warns_loudly_once_without_a_secret_key(tmp_path):
         assert not [x for x in later if "SECRET_KEY" in x], later
     finally:
         proc.terminate()
-        proc.wait(20)
+        # A worker told to stop while it boots may be held to gunicorn's graceful timeout (30 s).
+        proc.wait(45)
 
 
 @pytest.mark.parametrize("role", ["master", "shard"])
