@@ -55,6 +55,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=f"{why} (SQLite run)"))
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """A report's captured output as UTF-8 that can be sent: pytest-xdist's workers send every report
+    (a passing test's captured log too) to the controller, which cannot carry lone surrogates, and the
+    hostile file names jobs write are logged with them (os.fsdecode's). Shown as their escapes."""
+    report.sections = [
+        (title, text.encode("utf-8", "backslashreplace").decode("utf-8")) for title, text in report.sections
+    ]
+
+
 @pytest.fixture(scope="session", autouse=True)
 def own_cgroups() -> Any:
     """The session's runs live under its own cgroup (server/settings/test.py); what is left there at

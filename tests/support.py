@@ -1,14 +1,19 @@
 """Real processes on loopback for end-to-end tests: a master served by gunicorn, shards, shells."""
 
+import atexit
 import json
 import os
+import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,12 +37,40 @@ def using_postgres() -> bool:
     return settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
 
 
-def fresh_database_url(tmp: Path, name: str) -> str:
-    """A new empty database of the kind the suite runs on: a PostgreSQL database or a SQLite file."""
+def fresh_database_url(tmp: Path, name: str, migrated_as: str | None = None) -> str:
+    """A new database of the kind the suite runs on (a PostgreSQL database or a SQLite file): empty, or
+    with `migrated_as` ("master" or "shard") that role's migrations applied. Migrated databases are
+    copies of one migrated once per test process: `migrate` in a new process costs 1-3 s of CPU, and an
+    end-to-end run makes a hundred of them."""
+    template = _migrated_template(migrated_as) if migrated_as else None
     if not using_postgres():
-        return f"sqlite:///{tmp / (name + '.sqlite3')}"
-    db = settings.DATABASES["default"]
+        path = tmp / (name + ".sqlite3")
+        if template:
+            with closing(sqlite3.connect(template)) as source, closing(sqlite3.connect(path)) as copy:
+                source.backup(copy)
+        return f"sqlite:///{path}"
     dbname = f"fs_{name}_{uuid.uuid4().hex[:8]}"
+    copy = f' TEMPLATE "{template}"' if template else ""
+    for attempt in range(50):
+        try:
+            _postgres_admin(f'CREATE DATABASE "{dbname}"{copy}')
+            break
+        except psycopg2.errors.ObjectInUse:
+            # The migrating process's backend may not have ended yet when it has exited.
+            if attempt == 49:
+                raise
+            time.sleep(0.1)
+    return _postgres_url(dbname)
+
+
+def _postgres_url(dbname: str) -> str:
+    db = settings.DATABASES["default"]
+    auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
+    return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{dbname}"
+
+
+def _postgres_admin(statement: str) -> None:
+    db = settings.DATABASES["default"]
     conn = psycopg2.connect(
         host=db["HOST"] or "127.0.0.1",
         port=db["PORT"] or 5432,
@@ -46,29 +79,35 @@ def fresh_database_url(tmp: Path, name: str) -> str:
         dbname="postgres",
     )
     conn.autocommit = True
-    with conn.cursor() as cur:
-        cur.execute(f'CREATE DATABASE "{dbname}"')
-    conn.close()
-    auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
-    return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{dbname}"
+    try:
+        with conn.cursor() as cur:
+            cur.execute(statement)
+    finally:
+        conn.close()
+
+
+# role -> its migrated template of this process: a PostgreSQL database's name or a SQLite file's path.
+_templates: dict[str, str] = {}
+
+
+def _migrated_template(role: str) -> str:
+    if role not in _templates:
+        where = Path(tempfile.mkdtemp(prefix=f"fs-template-{role}-"))
+        atexit.register(shutil.rmtree, where, ignore_errors=True)
+        url = fresh_database_url(where, role)
+        Role(role, url, where).manage("migrate", "--noinput")
+        if url.startswith("postgres"):
+            _created_databases.append(url)
+            _templates[role] = url.rsplit("/", 1)[1]
+        else:
+            _templates[role] = url.removeprefix("sqlite:///")
+    return _templates[role]
 
 
 def drop_database(url: str) -> None:
     if not url.startswith("postgres"):
         return
-    db = settings.DATABASES["default"]
-    dbname = url.rsplit("/", 1)[1]
-    conn = psycopg2.connect(
-        host=db["HOST"] or "127.0.0.1",
-        port=db["PORT"] or 5432,
-        user=db["USER"],
-        password=db["PASSWORD"],
-        dbname="postgres",
-    )
-    conn.autocommit = True
-    with conn.cursor() as cur:
-        cur.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
-    conn.close()
+    _postgres_admin(f'DROP DATABASE IF EXISTS "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
 
 
 @dataclass
@@ -208,9 +247,8 @@ def master_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Master]:
 def serve_master(tmp_path_factory: pytest.TempPathFactory, **extra_env: str) -> Iterator[Master]:
     """Starts a master with `extra_env` on a fresh database, yields it, then stops it and drops the database."""
     data_dir = tmp_path_factory.mktemp("master")
-    url = fresh_database_url(data_dir, "master")
+    url = fresh_database_url(data_dir, "master", migrated_as="master")
     role = Role("master", url, data_dir, extra_env)
-    role.manage("migrate", "--noinput")
     port = free_port()
     proc = role.start("serve", "--bind", f"127.0.0.1:{port}", "--workers", "2", log_name="master.log")
     base = f"http://127.0.0.1:{port}"
@@ -248,9 +286,8 @@ def own_master(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Maste
     environment is the suite's plus what an indirect parametrization gives (`request.param`)."""
     data_dir = tmp_path / "own-master"
     data_dir.mkdir()
-    url = fresh_database_url(data_dir, "master")
+    url = fresh_database_url(data_dir, "master", migrated_as="master")
     role = Role("master", url, data_dir, dict(getattr(request, "param", {})))
-    role.manage("migrate", "--noinput")
     port = free_port()
     master = Master(role, f"http://127.0.0.1:{port}", serve(role, port))
     yield master
@@ -278,23 +315,24 @@ class ShardProcess:
         return self.role.shell(code)
 
 
-_shard_databases: list[str] = []
+# PostgreSQL databases to drop at the end of the run: shards' and the migrated templates.
+_created_databases: list[str] = []
 
 
 @pytest.fixture(scope="session", autouse=True)
-def drop_shard_databases() -> Iterator[None]:
-    """At the end of the run, drops every PostgreSQL database a shard under test was given."""
+def drop_databases_at_session_end() -> Iterator[None]:
+    """At the end of the run, drops every PostgreSQL database a shard under test was given, and the templates."""
     yield
-    while _shard_databases:
-        drop_database(_shard_databases.pop())
+    while _created_databases:
+        drop_database(_created_databases.pop())
 
 
 def make_shard_process(tmp: Path, master: Master, hostname: str, token: str, **extra_env: str) -> ShardProcess:
     """A shard's own fresh database, migrated, and the environment to run `run_shard` against `master`."""
     data_dir = tmp / hostname
     data_dir.mkdir(parents=True, exist_ok=True)
-    database_url = fresh_database_url(data_dir, hostname.replace(".", "_"))
-    _shard_databases.append(database_url)
+    database_url = fresh_database_url(data_dir, hostname.replace(".", "_"), migrated_as="shard")
+    _created_databases.append(database_url)
     role = Role(
         "shard",
         database_url,
@@ -306,7 +344,6 @@ def make_shard_process(tmp: Path, master: Master, hostname: str, token: str, **e
             **extra_env,
         },
     )
-    role.manage("migrate", "--noinput")
     return ShardProcess(role, hostname)
 
 

@@ -228,9 +228,11 @@ class Micros(Func):
         )
 
     def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        """The whole seconds from the text without its fraction: SQLite reads a time to the millisecond,
+        rounded, so 14.999980 s would count as 15 s and, with the fraction added, end a second late."""
         sql, params = compiler.compile(self.get_source_expressions()[0])
         return (
-            f"(CAST(strftime('%%s', {sql}) AS INTEGER) * 1000000 "
+            f"(CAST(strftime('%%s', substr({sql}, 1, 19)) AS INTEGER) * 1000000 "
             f"+ CAST(ROUND(CAST(substr({sql}, 20) AS REAL) * 1000000) AS INTEGER))"
         ), [*params, *params]
 

@@ -102,10 +102,12 @@ class Seconds(Func):
 
     def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
         # julianday() keeps only ~10 us around today's date; whole seconds plus the stored fraction
-        # (Django writes "YYYY-MM-DD HH:MM:SS[.ffffff]" in UTC) keep every microsecond.
+        # (Django writes "YYYY-MM-DD HH:MM:SS[.ffffff]" in UTC) keep every microsecond. The seconds
+        # come from the text without its fraction: SQLite rounds it to the millisecond (.99998 is 1.0).
         parts, params = [], []
         for expression in self.get_source_expressions():
             sql, p = compiler.compile(expression)
-            parts.append(f"(CAST(strftime('%%s', {sql}) AS INTEGER) + CAST(substr({sql}, 20) AS REAL))")
+            whole = f"CAST(strftime('%%s', substr({sql}, 1, 19)) AS INTEGER)"
+            parts.append(f"({whole} + CAST(substr({sql}, 20) AS REAL))")
             params += [*p, *p]
         return f"({parts[0]} - {parts[1]})", params

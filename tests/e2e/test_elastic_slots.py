@@ -17,8 +17,8 @@ pytestmark = [
     pytest.mark.postgres_only(reason="elastic workers share the shard's PostgreSQL database"),
 ]
 
-JOBS = 12
-JOB_S = 6
+JOBS = 8
+JOB_S = 4
 SLOTS = 2
 IDLE_S = 4.0
 
@@ -54,7 +54,7 @@ def shard_hosts(master: Master, shard: LabShard) -> list[tuple[str, str]]:
 def run_pool(
     master: Master, tmp: Path, max_workers: int, backend: str = "local", env: dict[str, str] | None = None
 ) -> tuple[float, int, set[str], LabShard]:
-    """12 jobs of JOB_S seconds on a pool with no host; the time from submitting to the last end."""
+    """JOBS jobs of JOB_S seconds on a pool with no host; the time from submitting to the last end."""
     shard = new_shard(master, tmp, hosts=0, FLEETSHARD_DRAIN_S="5")
     role = shard.process.role
     role.extra_env.update(env or {})
@@ -127,6 +127,7 @@ def test_a_pool_with_no_hosts_runs_at_most_max_workers_times_slots_and_scales(ma
     check_pool_scales(master_server, tmp_path, "local")
 
 
+@pytest.mark.xdist_group("slurm")  # one single-node Slurm per run (`make test` on PostgreSQL uses pytest-xdist)
 def test_the_same_with_slurm_workers_whose_hosts_carry_their_slurm_job(master_server, tmp_path, slurm):  # noqa: F811
     check_pool_scales(master_server, tmp_path, "slurm", slurm.env)
 

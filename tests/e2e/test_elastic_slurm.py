@@ -21,6 +21,7 @@ pytestmark = [
 ]
 
 
+@pytest.mark.xdist_group("slurm")  # one single-node Slurm per run (test_elastic_slots.py uses it too)
 def test_slurm_workers_run_every_job_and_a_restarted_manager_finds_them(master_server, tmp_path, slurm):  # noqa: F811
     shard = elastic_shard(master_server, tmp_path)
     role = shard.process.role

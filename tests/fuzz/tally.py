@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 # How many heartbeat bodies to generate, and how many requests per REST operation. `make test` runs
 # the short defaults, derandomised; `make fuzz` raises both and randomises.
-HEARTBEAT_CASES = int(os.environ.get("FLEETSHARD_FUZZ_CASES", "300"))
+HEARTBEAT_CASES = int(os.environ.get("FLEETSHARD_FUZZ_CASES", "200"))
 REST_CASES_PER_OPERATION = int(os.environ.get("FLEETSHARD_FUZZ_REST_CASES", "10"))
 # Hostile result files, job traces and log chunks sent through a real shard's uploader.
 UPLOAD_CASES = int(os.environ.get("FLEETSHARD_FUZZ_UPLOAD_CASES", "24"))

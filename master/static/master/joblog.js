@@ -65,7 +65,8 @@
     else if (this.skipped) parts.push("(The first " + this.skipped + " bytes are not shown: `fleetshard job log` prints them.)");
     if (!slice.ended) parts.push("live: " + slice.hqe_status);
     this.note.textContent = parts.join(" ");
-    this.box.dataset.state = slice.ended ? "ended" : "live";
+    // Ended once the last of the log is shown: an ended job's log may still come in several reads.
+    this.box.dataset.state = slice.ended && !this.more(slice) ? "ended" : "live";
   };
 
   // Drops the oldest text past KEEP_CHARS, up to the end of a line. A read ends anywhere in a line, so
@@ -89,6 +90,10 @@
     this.dropped = true;
   };
 
+  Log.prototype.more = function (slice) {
+    return Boolean(slice.text) && slice.next_offset < slice.size;
+  };
+
   // Reads what is new (all of it, 1 MiB at a time); resolves once this log is caught up for now.
   Log.prototype.step = function () {
     var self = this, url = this.box.dataset.url, hqe = this.box.dataset.hqe;
@@ -103,7 +108,7 @@
     return get(url, { hqe: hqe, offset: this.offset }).then(function (slice) {
       self.offset = slice.next_offset;
       self.show(slice);
-      if (slice.text && slice.next_offset < slice.size) return self.step();
+      if (self.more(slice)) return self.step();
       self.ended = slice.ended;
     });
   };

@@ -83,6 +83,15 @@ def test_processes_threads_slices_and_counters(tmp_path, fleet, day):
     assert max(args["running"] for _, args in lab1) == 2
 
 
+@pytest.mark.parametrize("fraction", [0.0, 0.000001, 0.4995, 0.9995, 0.99998, 0.999999])
+def test_a_slice_starts_and_ends_at_its_intervals_microsecond(tmp_path, fleet, fraction):
+    """Whatever the fraction of a second: SQLite reads times to the millisecond, rounded, and a run ending
+    at .999980 s was exported ending a second late, across the next slice of its host (CI saw it)."""
+    add_run("a1", 100 + fraction, 200 + fraction, created=40, name="edge")
+    (slice_,) = _slices(_trace(tmp_path))
+    assert (slice_["ts"], slice_["ts"] + slice_["dur"]) == (us(at(100 + fraction)), us(at(200 + fraction)))
+
+
 def test_gzipped_when_the_file_ends_gz(tmp_path, fleet, day):
     plain = _trace(tmp_path)
     assert _trace(tmp_path, "t.json.gz") == plain

@@ -73,6 +73,13 @@ def test_totals_of_a_known_hour(fleet, django_assert_num_queries, db_vendor):
     assert (wifi["hosts"], wifi["runs"], wifi["running_s"]) == (3, 3, pytest.approx(1600))
 
 
+@pytest.mark.parametrize("fraction", [0.0, 0.4995, 0.9995, 0.99998])
+def test_a_runs_seconds_count_every_microsecond_whatever_its_fraction(fleet, fraction):
+    """SQLite reads times to the millisecond, rounded: a run ending at .99998 s once counted a second more."""
+    add_run("a1", 100.5, 200 + fraction, created=40)
+    assert _row(stats(scope(NOW), "host"), "a1")["running_s"] == pytest.approx(99.5 + fraction, abs=1e-5)
+
+
 def test_the_window_defaults_to_the_last_24_hours_and_clips(fleet):
     add_run("a1", 0, 3600)
     rows = stats(scope(at(3600 + 86400 - 60)), "host")
