@@ -49,14 +49,17 @@ def test_ci_script_runs_the_linters_and_type_checks_first():
 
 
 def test_ci_script_fails_when_either_databases_run_fails(tmp_path):
-    """Both runs go side by side; a failure (or pytest's exit 5, no tests) of either must fail CI."""
+    """Both runs go side by side; a failure (or pytest's exit 5, no tests) of either must fail CI, and
+    CI's last lines name what failed in either run."""
     script = (ROOT / ".ci" / "run").read_text()
     block = script[script.index("mkdir -p var/ci-postgres") :]
     for pg, sq, expected in [(0, 0, 0), (1, 0, 1), (0, 5, 1), (2, 1, 1)]:
         stub = tmp_path / "bin"
         stub.mkdir(exist_ok=True)
         (stub / "make").write_text(
-            f'#!/bin/sh\nif [ -n "$DATABASE_URL" ]; then echo pg; exit {pg}; else echo sqlite; exit {sq}; fi\n'
+            "#!/bin/sh\n"
+            f'if [ -n "$DATABASE_URL" ]; then echo pg; echo "FAILED tests/a.py::t - pg {pg}"; exit {pg}; fi\n'
+            f'echo sqlite; echo "= 3 passed in 1.00s ="; exit {sq}\n'
         )
         (stub / "make").chmod(0o755)
         result = subprocess.run(
@@ -69,6 +72,10 @@ def test_ci_script_fails_when_either_databases_run_fails(tmp_path):
         )
         assert (result.returncode != 0) == bool(expected), (pg, sq, result.stdout, result.stderr)
         assert "[postgres] pg" in result.stdout and "[sqlite] sqlite" in result.stdout
+        tail = result.stdout.split("== what failed, and each run's totals ==\n", 1)[1]
+        digest = tail.split("== make test:", 1)[0].splitlines()
+        assert f"[postgres] FAILED tests/a.py::t - pg {pg}" in digest and "[sqlite] = 3 passed in 1.00s =" in digest
+        assert all(line.startswith(("[postgres] FAILED", "[sqlite] =")) for line in digest), digest
 
 
 def test_make_demo_builds_a_runtime_venv_without_the_test_extras():
