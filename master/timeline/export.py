@@ -20,7 +20,7 @@ from django.db.models import BigIntegerField, F, Func
 from common.models import Host, Shard
 from master.timeline.limits import Deadline, end_quietly
 from master.timeline.models import IntervalKind
-from master.timeline.query import Scope, selected
+from master.timeline.query import Scope, selected, sqlite_micros
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 ONE_US = timedelta(microseconds=1)
@@ -228,13 +228,8 @@ class Micros(Func):
         )
 
     def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
-        """The whole seconds from the text without its fraction: SQLite reads a time to the millisecond,
-        rounded, so 14.999980 s would count as 15 s and, with the fraction added, end a second late."""
         sql, params = compiler.compile(self.get_source_expressions()[0])
-        return (
-            f"(CAST(strftime('%%s', substr({sql}, 1, 19)) AS INTEGER) * 1000000 "
-            f"+ CAST(ROUND(CAST(substr({sql}, 20) AS REAL) * 1000000) AS INTEGER))"
-        ), [*params, *params]
+        return sqlite_micros(sql), [*params, *params]
 
 
 def _epoch_sql(column: str) -> str:

@@ -101,13 +101,16 @@ class Seconds(Func):
         return self.as_sql(compiler, connection, template="EXTRACT(EPOCH FROM (%(expressions)s))", arg_joiner=" - ")
 
     def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
-        # julianday() keeps only ~10 us around today's date; whole seconds plus the stored fraction
-        # (Django writes "YYYY-MM-DD HH:MM:SS[.ffffff]" in UTC) keep every microsecond. The seconds
-        # come from the text without its fraction: SQLite rounds it to the millisecond (.99998 is 1.0).
-        parts, params = [], []
-        for expression in self.get_source_expressions():
-            sql, p = compiler.compile(expression)
-            whole = f"CAST(strftime('%%s', substr({sql}, 1, 19)) AS INTEGER)"
-            parts.append(f"({whole} + CAST(substr({sql}, 20) AS REAL))")
-            params += [*p, *p]
-        return f"({parts[0]} - {parts[1]})", params
+        (a, pa), (b, pb) = (compiler.compile(e) for e in self.get_source_expressions())
+        return f"(({sqlite_micros(a)} - {sqlite_micros(b)}) / 1000000.0)", [*pa, *pa, *pb, *pb]
+
+
+def sqlite_micros(sql: str) -> str:
+    """SQLite's SQL for a stored time (Django writes "YYYY-MM-DD HH:MM:SS[.ffffff]" in UTC) as integer
+    microseconds since the epoch; its parameters are needed twice. julianday() keeps only ~10 us
+    around today's date, and SQLite reads a time's text to the millisecond, rounded (14.999980 s is
+    15 s): so the whole seconds come from the text without its fraction, and the fraction is added."""
+    return (
+        f"(CAST(strftime('%%s', substr({sql}, 1, 19)) AS INTEGER) * 1000000 "
+        f"+ CAST(ROUND(CAST(substr({sql}, 20) AS REAL) * 1000000) AS INTEGER))"
+    )
