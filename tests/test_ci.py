@@ -58,7 +58,7 @@ def test_ci_script_fails_when_either_databases_run_fails(tmp_path):
         stub.mkdir(exist_ok=True)
         (stub / "make").write_text(
             "#!/bin/sh\n"
-            f'if [ -n "$DATABASE_URL" ]; then echo pg; echo "FAILED tests/a.py::t - pg {pg}"; exit {pg}; fi\n'
+            f'if [ -n "$DATABASE_URL" ]; then echo pg; echo "FAILED test_x::t - pg {pg}"; exit {pg}; fi\n'
             f'echo sqlite; echo "= 3 passed in 1.00s ="; exit {sq}\n'
         )
         (stub / "make").chmod(0o755)
@@ -74,7 +74,7 @@ def test_ci_script_fails_when_either_databases_run_fails(tmp_path):
         assert "[postgres] pg" in result.stdout and "[sqlite] sqlite" in result.stdout
         tail = result.stdout.split("== what failed, and each run's totals ==\n", 1)[1]
         digest = tail.split("== make test:", 1)[0].splitlines()
-        assert f"[postgres] FAILED tests/a.py::t - pg {pg}" in digest and "[sqlite] = 3 passed in 1.00s =" in digest
+        assert f"[postgres] FAILED test_x::t - pg {pg}" in digest and "[sqlite] = 3 passed in 1.00s =" in digest
         assert all(line.startswith(("[postgres] FAILED", "[sqlite] =")) for line in digest), digest
 
 
