@@ -47,6 +47,8 @@ class Shard(models.Model):
     # The shard database the master last heard from (docs/protocol.md, "Shard instances").
     instance = models.CharField(max_length=36, blank=True, default="")
     instance_since = models.DateTimeField(null=True, blank=True)
+    # The highest seq that instance has sent: a database restored from a backup counts from below it.
+    seq_seen = models.BigIntegerField(default=0)
     # Discovery (master/sync/discovery.py): the last discovered set applied, what it refused, and the pools
     # the shard announced (docs/protocol.md, "discovered").
     discovered_generation = models.BigIntegerField(default=0)

@@ -461,6 +461,8 @@ class HeartbeatRequest:
     instance: str
     client_version: str = ""
     outbox_depth: int | None = None
+    # The shard database's seq counter when the request was built (docs/protocol.md, "Shard instances").
+    last_seq: int | None = None
     known_hosts: list[KnownHost] = field(default_factory=list)
     known_jobs: list[KnownJob] = field(default_factory=list)
     updates: list[Update | RejectedUpdate] = field(default_factory=list)
@@ -500,6 +502,7 @@ class HeartbeatRequest:
             instance=instance,
             client_version=client_version,
             outbox_depth=f.integer("outbox_depth", 0, ID_MAX, optional=True),
+            last_seq=f.integer("last_seq", 0, ID_MAX, optional=True),
             known_hosts=known_hosts,
             known_jobs=known_jobs,
             updates=parsed,
@@ -515,6 +518,7 @@ class HeartbeatRequest:
             "instance": self.instance,
             "client_version": self.client_version,
             **({} if self.outbox_depth is None else {"outbox_depth": self.outbox_depth}),
+            **({} if self.last_seq is None else {"last_seq": self.last_seq}),
             "known_hosts": [h.to_wire() for h in self.known_hosts],
             "known_jobs": [j.to_wire() for j in self.known_jobs],
             "updates": [u.to_wire() for u in self.updates if isinstance(u, Update)],

@@ -18,7 +18,7 @@ from common.wire import HeartbeatRequest, ProtocolMismatch, WireError, dumps, er
 from master.access.authentication import bearer_token
 from master.access.credentials import find_token, touch
 from master.models import Token
-from master.sync.heartbeat import InstanceConflict, ShardGone, process_heartbeat
+from master.sync.heartbeat import InstanceConflict, RolledBack, ShardGone, process_heartbeat
 from master.sync.notifier import NewsUnavailable, TooManyWaits, wait_for_news
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,8 @@ def heartbeat(request: HttpRequest) -> HttpResponse:
         response = process_heartbeat(token.shard, req)
     except InstanceConflict as exc:
         return _error(409, exc.message, "instance", heard_s_ago=round(exc.heard_s_ago, 1))
+    except RolledBack as exc:
+        return _error(409, exc.message, "last_seq", seq_seen=exc.seq_seen)
     except ShardGone as exc:
         return _error(401, f"unknown or revoked shard token: {exc}", "Authorization")
     except DatabaseFailure as exc:

@@ -36,6 +36,7 @@ from common.constants import (
 from common.jobstatus import refresh_job_statuses
 from common.models import Host, HostQueueEntry, Job, Label, Shard, offline_after_s
 from common.wire import (
+    ID_MAX,
     Ack,
     HeartbeatRequest,
     HeartbeatResponse,
@@ -75,6 +76,16 @@ class InstanceConflict(Exception):
         super().__init__(message)
         self.message = message
         self.heard_s_ago = heard_s_ago
+
+
+class RolledBack(Exception):
+    """The instance on record counts seqs from below one it has sent: its database was restored in
+    place from a backup and must take a new instance (a 409)."""
+
+    def __init__(self, message: str, seq_seen: int) -> None:
+        super().__init__(message)
+        self.message = message
+        self.seq_seen = seq_seen
 
 
 def _apply_one(
@@ -192,9 +203,25 @@ def _record_host_events(shard: Shard, events: list[HostEvent | RejectedUpdate], 
     return acks
 
 
-def _check_instance(shard: Shard, instance: str, now: datetime) -> bool:
-    """Whether this heartbeat's instance replaces another; raises InstanceConflict while that one is live."""
+def _check_instance(shard: Shard, req: HeartbeatRequest, now: datetime) -> bool:
+    """Whether this heartbeat's instance replaces another; raises InstanceConflict while that one is
+    live, and RolledBack when it is the one on record but its seqs went back."""
+    instance = req.instance
     if shard.instance == instance:
+        if req.last_seq is not None and req.last_seq < shard.seq_seen:
+            log.warning(
+                "shard %s: instance %s refused; its last seq is %d, below the %d it sent before",
+                shard.hostname,
+                instance,
+                req.last_seq,
+                shard.seq_seen,
+            )
+            raise RolledBack(
+                f"shard {shard.hostname}'s database went back in time: its last seq is {req.last_seq}, but "
+                f"this instance ({instance}) has sent seq {shard.seq_seen} (a backup restored in place?); "
+                "it must take a new instance id, which the master takes as a new database",
+                shard.seq_seen,
+            )
         return False
     if not shard.instance:
         return False
@@ -397,7 +424,7 @@ class _Statements:
     """The SQL every heartbeat runs, written once: building queries through the ORM was half of a
     heartbeat's Python (docs/protocol.md, "Cost")."""
 
-    note: str  # the heartbeat's bookkeeping, if the instance on record sent it
+    note: str  # the heartbeat's bookkeeping, if the instance on record sent it and its seqs did not go back
     note_new_instance: str
     instance: str  # the shard's instance on record, as a row of `holdings`' shape
     holdings: str
@@ -415,11 +442,13 @@ class _Statements:
             for column in NOTED
         )
         active = ", ".join(["%s"] * len(JobStatus.ACTIVE))
+        seen = q("seq_seen")
         return cls(
-            note=f"UPDATE {shard} SET {sets} WHERE {q('id')} = %s AND {q('instance')} = %s",
-            note_new_instance=f"UPDATE {shard} SET {sets}, {q('instance')} = %s, {q('instance_since')} = %s "
-            f"WHERE {q('id')} = %s",
-            instance=f"SELECT 2, 0, 0, {q('instance')}, 0 FROM {shard} WHERE {q('id')} = %s",
+            note=f"UPDATE {shard} SET {sets}, {seen} = {'GREATEST' if vendor == 'postgresql' else 'MAX'}({seen}, %s) "
+            f"WHERE {q('id')} = %s AND {q('instance')} = %s AND {seen} <= %s",
+            note_new_instance=f"UPDATE {shard} SET {sets}, {seen} = %s, {q('instance')} = %s, "
+            f"{q('instance_since')} = %s WHERE {q('id')} = %s",
+            instance=f"SELECT 2, {seen}, 0, {q('instance')}, 0 FROM {shard} WHERE {q('id')} = %s",
             holdings=f"SELECT 0, {q('id')}, {q('version')}, {q('status')}, 0 FROM {host} WHERE {q('shard_id')} = %s "
             f"UNION ALL SELECT 1, {q('id')}, {q('version')}, '', {q('priority')} FROM {job} "
             f"WHERE {q('shard_id')} = %s AND {q('status')} IN ({active})",
@@ -427,23 +456,39 @@ class _Statements:
 
 
 def _noted(req: HeartbeatRequest, now: datetime) -> list[Any]:
+    """The values of NOTED, then the highest seq the request carries."""
     when = connection.ops.adapt_datetimefield_value(now)
-    return [when, req.client_version, req.outbox_depth, len(req.known_hosts), len(req.known_jobs), len(req.updates)]
+    seq = max((u.seq for u in (*req.updates, *req.host_events)), default=0)
+    return [
+        when,
+        req.client_version,
+        req.outbox_depth,
+        len(req.known_hosts),
+        len(req.known_jobs),
+        len(req.updates),
+        seq,
+    ]
 
 
-def _holdings_of(rows: list[tuple[Any, ...]]) -> tuple[Holdings, str | None]:
-    """The holdings in rows of `_Statements.holdings`, and the instance on record if a row says it."""
+def _note_params(shard_id: int, req: HeartbeatRequest, now: datetime) -> list[Any]:
+    """`_Statements.note`'s parameters: a shard that does not say its last seq is not checked."""
+    return [*_noted(req, now), shard_id, req.instance, ID_MAX if req.last_seq is None else req.last_seq]
+
+
+def _holdings_of(rows: list[tuple[Any, ...]]) -> tuple[Holdings, str | None, int]:
+    """The holdings in rows of `_Statements.holdings`, and the instance on record and the highest seq
+    it sent, if a row says them."""
     hosts: dict[int, tuple[int, str]] = {}
     jobs: list[tuple[int, int, int]] = []
-    instance = None
+    instance, seq_seen = None, 0
     for kind, row_id, version, text, priority in rows:
         if kind == 0:
             hosts[row_id] = (version, text)
         elif kind == 1:
             jobs.append((row_id, version, priority))
         else:
-            instance = text
-    return (hosts, jobs), instance
+            instance, seq_seen = text, row_id
+    return (hosts, jobs), instance, seq_seen
 
 
 # The statements a PostgreSQL connection has prepared for quiet heartbeats, by connection (a reconnect
@@ -490,7 +535,7 @@ def _quiet_heartbeat(shard_id: int, req: HeartbeatRequest, now: datetime) -> Hol
     was one implicit transaction, rolled back whole, so nothing is noted twice."""
     sql = _Statements.of(connection.vendor)
     note, read = sql.note, f"{sql.instance} UNION ALL {sql.holdings}"
-    note_params = [*_noted(req, now), shard_id, req.instance]
+    note_params = _note_params(shard_id, req, now)
     read_params: list[Any] = [shard_id, shard_id, shard_id, *JobStatus.ACTIVE]
     marks = ", ".join(["%s"] * len(note_params)), ", ".join(["%s"] * len(read_params))
     with connection.cursor() as cursor:
@@ -521,16 +566,17 @@ def _quiet_heartbeat(shard_id: int, req: HeartbeatRequest, now: datetime) -> Hol
                 continue
             break
         _prepared[raw] = name
-        holdings, instance = _holdings_of(cursor.fetchall())
-    return holdings if instance == req.instance else None
+        holdings, instance, seq_seen = _holdings_of(cursor.fetchall())
+    went_back = req.last_seq is not None and req.last_seq < seq_seen
+    return holdings if instance == req.instance and not went_back else None
 
 
 def _note_heartbeat(shard_id: int, req: HeartbeatRequest, now: datetime, *, same_instance: bool) -> bool:
     """Writes what the shard's list page shows of this heartbeat; False when `same_instance` and the
-    instance on record is another (or the shard is gone)."""
+    instance on record is another, or its seqs went back (or the shard is gone)."""
     sql = _Statements.of(connection.vendor)
     if same_instance:
-        statement, params = sql.note, [*_noted(req, now), shard_id, req.instance]
+        statement, params = sql.note, _note_params(shard_id, req, now)
     else:
         when = connection.ops.adapt_datetimefield_value(now)
         statement, params = sql.note_new_instance, [*_noted(req, now), req.instance, when, shard_id]
@@ -581,7 +627,7 @@ def _heartbeat_in_transaction(shard: Shard, req: HeartbeatRequest, now: datetime
         locked = Shard.objects.select_for_update().filter(id=shard.id).first()
         if locked is None:
             raise ShardGone(f"shard {shard.hostname} was deleted")
-        replaced = _check_instance(locked, req.instance, now)
+        replaced = _check_instance(locked, req, now)
         if replaced:
             _adopt(locked, req.instance, now)
         # Under the lock the instance on record may have become this one (a heartbeat of it that took

@@ -26,7 +26,7 @@ from common.wire import HeartbeatResponse, WireError
 from shard.outbox import committed_seq, outbox_depth, pending, pending_host_events
 from shard.sync.discovery import discovery_request, note_ack
 from shard.sync.ingest import IngestResult, apply_response, known_hosts, known_jobs
-from shard.sync.instance import ensure_instance
+from shard.sync.instance import ensure_instance, renew_instance
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +206,8 @@ class HeartbeatClient:
             "updates": updates,
             "host_events": pending_host_events(MAX_UPDATES_PER_HEARTBEAT, before=cut),
             "outbox_depth": outbox_depth(),
+            # At least every seq sent, so a body sent again as it was never looks like a rollback.
+            "last_seq": max([committed, *(u["seq"] for u in updates)]),
             **discovery_request(),
         }
 
@@ -219,6 +221,12 @@ class HeartbeatClient:
         if resp.status_code == 409:
             if field_of(resp) == "instance":
                 raise InstanceRefused(f"the master refused this shard database: {error_of(resp)}")
+            if field_of(resp) == "last_seq":
+                self.instance = renew_instance(body["instance"])
+                raise InstanceRefused(
+                    f"the master refused this shard database: {error_of(resp)}; it takes the new instance id "
+                    f"{self.instance}"
+                )
             raise ProtocolRefused(f"the master refused protocol {PROTOCOL_VERSION}: {error_of(resp)}")
         if resp.status_code in (401, 403):
             raise TokenRefused(

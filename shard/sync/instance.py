@@ -54,3 +54,20 @@ def ensure_instance() -> str:
     state.save(update_fields=["instance", "identity"])
     log.info("shard database instance %s", state.instance)
     return state.instance
+
+
+@transaction.atomic
+def renew_instance(refused: str) -> str:
+    """A new instance id in place of `refused`, which the master says went back in time (a backup
+    restored over the database, whose physical identity stays): the master then takes this database
+    as a new one, and resends what it holds. The acceptance goes too, so no process of the shard acts
+    before the master has accepted the new id. Renewed once however many processes were refused."""
+    state = ShardState.objects.select_for_update().get(id=1)
+    if state.instance != refused:
+        return state.instance
+    log.warning("the master says this shard database went back in time: taking a new instance id for %s", refused)
+    state.instance = str(uuid.uuid4())
+    state.last_heartbeat_ok = None
+    state.save(update_fields=["instance", "last_heartbeat_ok"])
+    log.info("shard database instance %s", state.instance)
+    return state.instance

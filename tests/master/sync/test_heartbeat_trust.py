@@ -44,6 +44,9 @@ DEEP = "[" * 100_000 + "]" * 100_000
         (lambda b: b.update(updates=[7]), "updates[0]"),
         (lambda b: b.update(known_hosts={"id": 1}), "known_hosts"),
         (lambda b: b.update(padding=json.loads("[" * 33 + "]" * 33)), "body"),
+        (lambda b: b.update(last_seq=-1), "last_seq"),
+        (lambda b: b.update(last_seq="7"), "last_seq"),
+        (lambda b: b.update(last_seq=2**63), "last_seq"),
     ],
 )
 def test_hostile_envelope_is_a_400_naming_the_field_and_changes_nothing(fleet, heartbeat, change, field):
@@ -307,6 +310,68 @@ def test_a_shards_first_instance_is_taken_without_failing_anything(fleet, heartb
     hqe.refresh_from_db()
     assert hqe.status == "Running"
     assert Shard.objects.get(id=fleet.lab1.id).instance == OTHER
+
+
+# A database restored in place from a backup keeps its instance id (its physical identity is the same);
+# its seq counter gives it away.
+
+
+def _sent_up_to_seq_42(fleet, heartbeat) -> tuple[dict, HostQueueEntry]:
+    """The shard's instance has sent seqs up to 42 (its last update 41, a host event 42)."""
+    hqe = fleet.job().hqes.get()
+    a1 = Host.objects.get(hostname="a1")
+    first = heartbeat(fleet.lab1, fleet.token1)
+    event = {"seq": 42, "host": a1.id, "status": "Cleaning", "at": timezone.now().isoformat()}
+    heartbeat(
+        fleet.lab1,
+        fleet.token1,
+        known_hosts=known_hosts(first["hosts"]),
+        updates=[update(40, hqe, "Running", host=a1.id), update(41, hqe, "Completed", exit_code=0)],
+        host_events=[event],
+        last_seq=42,
+    )
+    assert Shard.objects.get(id=fleet.lab1.id).seq_seen == 42
+    return first, hqe
+
+
+@pytest.mark.parametrize("with_updates", [False, True], ids=["quiet", "with updates"])
+def test_a_database_gone_back_in_time_is_refused_with_409_and_changes_nothing(fleet, heartbeat, with_updates):
+    first, hqe = _sent_up_to_seq_42(fleet, heartbeat)
+    before = _snapshot()
+    # The backup's outbox still holds the run's start, and its counter stands at 39.
+    updates = [update(39, hqe, "Running")] if with_updates else []
+    body = heartbeat.body(fleet.lab1, known_hosts=known_hosts(first["hosts"]), updates=updates, last_seq=39)
+    resp = heartbeat.post_raw(json.dumps(body), fleet.token1)
+    assert_status(resp, 409)
+    assert resp.json()["detail"] == {"field": "last_seq", "seq_seen": 42}
+    error = resp.json()["error"]
+    assert "shard lab1's database went back in time: its last seq is 39" in error and "sent seq 42" in error
+    assert _snapshot() == before
+
+
+def test_the_same_body_sent_twice_is_not_taken_for_a_database_gone_back(fleet, heartbeat):
+    """A lost answer: the shard sends its heartbeat again as it was."""
+    hqe = fleet.job().hqes.get()
+    body = heartbeat.body(fleet.lab1, updates=[update(7, hqe, "Running")], last_seq=7)
+    for _ in range(2):
+        assert_status(heartbeat.post_raw(json.dumps(body), fleet.token1), 200)
+    assert Shard.objects.get(id=fleet.lab1.id).seq_seen == 7
+
+
+def test_a_shard_that_does_not_say_its_last_seq_is_not_checked(fleet, heartbeat):
+    """A shard older than the check sends no `last_seq`."""
+    first, _ = _sent_up_to_seq_42(fleet, heartbeat)
+    heartbeat(fleet.lab1, fleet.token1, known_hosts=known_hosts(first["hosts"]))
+
+
+def test_the_instance_that_replaces_a_database_gone_back_counts_its_seqs_afresh(fleet, heartbeat):
+    first, hqe = _sent_up_to_seq_42(fleet, heartbeat)
+    _silence(fleet.lab1)
+    resp = heartbeat(fleet.lab1, fleet.token1, instance=OTHER, known_jobs=known(first["jobs"]), last_seq=39)
+    assert Shard.objects.get(id=fleet.lab1.id).seq_seen == 0
+    # The job that ran after the backup is sent with its end, so the restored database never runs it again.
+    assert [(j["id"], [h["status"] for h in j["hqes"]]) for j in resp["jobs"]] == [(hqe.job_id, ["Completed"])]
+    heartbeat(fleet.lab1, fleet.token1, instance=OTHER, known_jobs=known(resp["jobs"]), last_seq=39)
 
 
 def test_a_database_failure_mid_heartbeat_is_a_503_that_applied_nothing(fleet, heartbeat, monkeypatch):

@@ -3,13 +3,14 @@ made from another as its template)."""
 
 import shutil
 import subprocess
+import uuid
+from typing import Any
 
 import psycopg2
-import pytest
 
 from shard.models import ShardState
-from shard.sync.instance import ensure_instance, physical_identity
-from tests.support import Role, drop_database, fresh_database_url, using_postgres
+from shard.sync.instance import ensure_instance, physical_identity, renew_instance
+from tests.support import Master, Role, drop_database, fresh_database_url, make_world, using_postgres
 
 INSTANCE = "from shard.sync.instance import ensure_instance\nresult = ensure_instance()"
 
@@ -78,21 +79,77 @@ def _back_up(role: Role, tmp_path) -> None:
     subprocess.run(["pg_dump", "-Fc", "-f", tmp_path / "backup.dump", role.database_url], check=True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="A backup restored over the database itself keeps the physical identity (inode, oid), so the "
-    "rolled-back database keeps its instance id: the master resends nothing and the shard may run again "
-    "what it ran after the backup. Needs a rollback check against the master (e.g. the shard's seq high "
-    "water mark in the heartbeat): a protocol change.",
-)
-def test_a_backup_restored_in_place_takes_a_new_instance(tmp_path):
+def _tick(master: Master, world: dict[str, Any]) -> str:
+    """One heartbeat of the shard's client in the role's process: "ok", or why the master refused it."""
+    return f"""
+from shard.sync.client import HeartbeatClient, InstanceRefused
+client = HeartbeatClient({master.url!r}, {world["shard"]!r}, {world["token"]!r})
+try:
+    client.tick()
+    result = "ok"
+except InstanceRefused as exc:
+    result = str(exc)
+"""
+
+
+RUN_TO_COMPLETION = """
+from common.models import Host, HostQueueEntry
+from shard.services import finish_hqe, transition_hqe
+hqe = HostQueueEntry.objects.get()
+transition_hqe(hqe.id, "Running", host_id=Host.objects.order_by("id").first().id)
+finish_hqe(hqe.id, "Completed", exit_code=0)
+result = None
+"""
+
+SILENCE = """
+from datetime import timedelta
+from django.db.models import F
+from common.models import Shard
+result = Shard.objects.filter(id={shard}).update(last_heartbeat=F("last_heartbeat") - timedelta(hours=1))
+"""
+
+STATE = """
+from common.models import HostQueueEntry
+from shard.models import ShardState
+result = [ShardState.objects.get().instance, list(HostQueueEntry.objects.values_list("status", flat=True))]
+"""
+
+
+def test_a_backup_restored_in_place_is_refused_then_taken_as_a_new_database_that_runs_nothing_again(
+    tmp_path, master_server
+):
+    """The restored database keeps its physical identity, and so its instance id, but its seq counter
+    went back: the master refuses it (409 `last_seq`) and it takes a new instance id, which the master
+    takes as a new database once the old one is silent, telling it that the job it ran after the
+    backup has ended."""
+    world = make_world(master_server, f"r{uuid.uuid4().hex[:6]}", hosts=1)
     role = Role("shard", fresh_database_url(tmp_path, "orig"), tmp_path)
     try:
         role.manage("migrate", "--noinput")
-        first = role.shell(INSTANCE)
+        assert role.shell(_tick(master_server, world)) == "ok"
+        first, statuses = role.shell(STATE)
+        assert statuses == ["Queued"]
         _back_up(role, tmp_path)
-        role.shell("from shard.models import ShardState\nresult = ShardState.objects.update(last_heartbeat_ok=None)")
+        role.shell(RUN_TO_COMPLETION)
+        assert role.shell(_tick(master_server, world)) == "ok"
         _restore_in_place(role, tmp_path)
-        assert role.shell(INSTANCE) != first
+        assert role.shell(STATE) == [first, ["Queued"]]
+
+        refused = role.shell(_tick(master_server, world))
+        assert "database went back in time" in refused and "takes the new instance id" in refused
+        renewed, statuses = role.shell(STATE)
+        assert renewed != first and renewed in refused and statuses == ["Queued"]
+        # The new instance is taken once the old one has been silent for three intervals.
+        master_server.shell(SILENCE.format(shard=world["shard_id"]))
+        assert role.shell(_tick(master_server, world)) == "ok"
+        assert role.shell(STATE) == [renewed, ["Completed"]]
     finally:
         drop_database(role.database_url)
+
+
+def test_an_instance_is_renewed_once_however_many_processes_were_refused(db):
+    first = ensure_instance()
+    ShardState.objects.filter(id=1).update(last_heartbeat_ok="2026-11-26T10:00:00Z")
+    renewed = renew_instance(first)
+    assert renewed != first and renew_instance(first) == renewed and ensure_instance() == renewed
+    assert ShardState.objects.get(id=1).last_heartbeat_ok is None
