@@ -3,7 +3,8 @@
 A copy of a shard database (a file copied, a dump restored) holds the original's instance id. Beside
 the id the database keeps the physical identity it was taken for; when that no longer matches the
 database we are connected to, this is a copy and takes a new id, so the master can refuse it while
-the original is live (docs/protocol.md, "Shard instances").
+the original is live (docs/protocol.md, "Shard instances"). A backup restored over the database itself
+keeps its identity; the master tells it by its seqs, which went back, and it takes a new id then.
 """
 
 import logging
