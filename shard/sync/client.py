@@ -22,7 +22,7 @@ from urllib3.util.retry import Retry
 from common.constants import CLIENT_VERSION, MAX_UPDATES_PER_HEARTBEAT, PROTOCOL_VERSION
 from common.loop import Backoff, run_until_stopped
 from common.network import request_failure
-from common.wire import HeartbeatResponse, WireError
+from common.wire import ID_MAX, HeartbeatResponse, WireError
 from shard.outbox import committed_seq, outbox_depth, pending, pending_host_events
 from shard.sync.discovery import discovery_request, note_ack
 from shard.sync.ingest import IngestResult, apply_response, known_hosts, known_jobs
@@ -222,7 +222,15 @@ class HeartbeatClient:
             if field_of(resp) == "instance":
                 raise InstanceRefused(f"the master refused this shard database: {error_of(resp)}")
             if field_of(resp) == "last_seq":
-                self.instance = renew_instance(body["instance"])
+                seen = detail_of(resp).get("seq_seen")
+                # A master that does not say which seq it saw is taken at its word.
+                renewed = renew_instance(body["instance"], seen if type(seen) is int else ID_MAX)
+                if renewed is None:
+                    raise HeartbeatFailed(
+                        f"this heartbeat (last seq {body.get('last_seq')}) was overtaken by a newer one of this shard "
+                        f"database, which sent seq {seen}: the next one is built anew"
+                    )
+                self.instance = renewed
                 raise InstanceRefused(
                     f"the master refused this shard database: {error_of(resp)}; it takes the new instance id "
                     f"{self.instance}"
@@ -403,12 +411,17 @@ def run_once_accepted(
         connection.close()
 
 
-def field_of(resp: requests.Response) -> object:
+def detail_of(resp: requests.Response) -> dict[str, Any]:
+    """The master's error `detail`, or {} for an answer that has none."""
     try:
         detail = resp.json().get("detail")
     except (ValueError, AttributeError):
-        return None
-    return detail.get("field") if isinstance(detail, dict) else None
+        return {}
+    return detail if isinstance(detail, dict) else {}
+
+
+def field_of(resp: requests.Response) -> object:
+    return detail_of(resp).get("field")
 
 
 def error_of(resp: requests.Response) -> str:

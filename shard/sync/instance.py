@@ -58,14 +58,28 @@ def ensure_instance() -> str:
 
 
 @transaction.atomic
-def renew_instance(refused: str) -> str:
+def renew_instance(refused: str, seq_seen: int) -> str | None:
     """A new instance id in place of `refused`, which the master says went back in time (a backup
     restored over the database, whose physical identity stays): the master then takes this database
     as a new one, and resends what it holds. The acceptance goes too, so no process of the shard acts
-    before the master has accepted the new id. Renewed once however many processes were refused."""
+    before the master has accepted the new id. Renewed once however many processes were refused.
+
+    None, renewing nothing, when this database's counter stands at `seq_seen` (the highest seq the
+    master has had from `refused`) or above: it did not go back, the refused request was overtaken
+    by a newer one of this database (another process's: elastic workers share it), and the next
+    heartbeat, built anew, goes through. A database gone back that has already counted past
+    `seq_seen` would pass the master's check anyway."""
     state = ShardState.objects.select_for_update().get(id=1)
     if state.instance != refused:
         return state.instance
+    if state.last_seq >= seq_seen:
+        log.info(
+            "a heartbeat of instance %s was overtaken by a newer one (the master saw seq %d; this database is at %d)",
+            refused,
+            seq_seen,
+            state.last_seq,
+        )
+        return None
     log.warning("the master says this shard database went back in time: taking a new instance id for %s", refused)
     state.instance = str(uuid.uuid4())
     state.last_heartbeat_ok = None

@@ -18,7 +18,7 @@ from django.db import connection
 
 from common.models import Host, HostQueueEntry, Job
 from shard.locks import shard_write
-from shard.models import DiscoveryState, HostEvent, OutboxEntry
+from shard.models import DiscoveryState, HostEvent, OutboxEntry, ShardState
 from shard.outbox import enqueue_host_event
 from shard.services import finish_hqe, move_host, transition_hqe
 from shard.sync import client as client_module
@@ -192,6 +192,37 @@ def test_concurrent_heartbeats_never_deliver_a_job_twice_nor_apply_an_update_twi
     state = master_state(master_server, world)
     assert state["applied"] == 4, "each of the 4 updates was applied exactly once"
     assert state["hqes"] == ["Completed", "Completed"]
+
+
+@pytest.mark.parametrize("newer", ["update", "host event"])
+def test_a_heartbeat_overtaken_by_a_newer_one_of_its_database_is_retried_not_taken_for_a_rollback(
+    transactional_db, master_server, world, newer
+):
+    """Two processes of one shard database: the holder's request still on its way when the next holder
+    heartbeats (elastic workers: a lost lock connection, TAKEOVER_S), or its last heartbeats sent after
+    it let the lock go (shard/process.py's flush). The newer request may reach the master first; the
+    older one's last_seq is then below the seq the master has seen, but the database did not go back.
+    Renewing its instance id would make the master take the shard for a new database (every started
+    run failed as infra, the processes stopped): the older request is retried instead."""
+    client = client_for(master_server, world)
+    client.tick()
+    first = ShardState.objects.get().instance
+    older = client.build_request()
+    host_id = world["hosts"][0]
+    with shard_write():
+        if newer == "update":
+            transition_hqe(HostQueueEntry.objects.order_by("id").first().id, "Running", host_id=host_id)
+        else:
+            move_host(host_id, "Repairing", held_by="", holder="me")
+    client_for(master_server, world).tick()  # the other process's, built later and answered first
+    assert older["last_seq"] < ShardState.objects.get().last_seq
+    with pytest.raises(HeartbeatFailed) as refused:
+        client.exchange(older)
+    assert not isinstance(refused.value, ProtocolRefused), refused.value
+    assert "overtaken" in str(refused.value)
+    assert ShardState.objects.get().instance == first and client.instance == first
+    client.tick()
+    assert ShardState.objects.get().instance == first
 
 
 def test_master_down_is_a_clear_retryable_failure(transactional_db):

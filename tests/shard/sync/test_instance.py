@@ -150,6 +150,16 @@ def test_a_backup_restored_in_place_is_refused_then_taken_as_a_new_database_that
 def test_an_instance_is_renewed_once_however_many_processes_were_refused(db):
     first = ensure_instance()
     ShardState.objects.filter(id=1).update(last_heartbeat_ok="2026-11-26T10:00:00Z")
-    renewed = renew_instance(first)
-    assert renewed != first and renew_instance(first) == renewed and ensure_instance() == renewed
+    renewed = renew_instance(first, 1)
+    assert renewed != first and renew_instance(first, 1) == renewed and ensure_instance() == renewed
     assert ShardState.objects.get(id=1).last_heartbeat_ok is None
+
+
+def test_an_instance_whose_counter_reached_the_seq_the_master_saw_is_not_renewed(db):
+    """The refused request was overtaken by a newer one of this database: it did not go back."""
+    first = ensure_instance()
+    ShardState.objects.filter(id=1).update(last_seq=42, last_heartbeat_ok="2026-11-26T10:00:00Z")
+    assert renew_instance(first, 42) is None and renew_instance(first, 7) is None
+    state = ShardState.objects.get(id=1)
+    assert state.instance == first and state.last_heartbeat_ok is not None
+    assert renew_instance(first, 43) not in (None, first)
