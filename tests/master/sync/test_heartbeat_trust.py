@@ -47,6 +47,7 @@ DEEP = "[" * 100_000 + "]" * 100_000
         (lambda b: b.update(last_seq=-1), "last_seq"),
         (lambda b: b.update(last_seq="7"), "last_seq"),
         (lambda b: b.update(last_seq=2**63), "last_seq"),
+        (lambda b: b.update(last_seq=6, updates=[{"seq": 7, "hqe": 1, "status": "Running"}]), "last_seq"),
     ],
 )
 def test_hostile_envelope_is_a_400_naming_the_field_and_changes_nothing(fleet, heartbeat, change, field):
