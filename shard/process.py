@@ -22,6 +22,7 @@ from shard.models import OutboxEntry
 from shard.run.scheduler import Scheduler
 from shard.sync.client import HeartbeatClient, HeartbeatFailed
 from shard.sync.discovery import discovery_unacked
+from shard.sync.instance import current_instance
 from shard.sync.leader import HeartbeatLeadership, heartbeat_loop, recently_accepted
 from shard.uploads.logs import LogShipper
 from shard.uploads.results import ResultsUploader
@@ -71,6 +72,9 @@ class ShardProcess:
         # heartbeat itself (no manager beside it) still tells the master in its last heartbeats.
         self.before_exit: Callable[[], None] | None = None
         self.scheduler_started = False
+        # The instance id this process was accepted under, and when (monotonic) it last checked it.
+        self._instance: str | None = None
+        self._instance_checked = 0.0
         self._heartbeat: threading.Thread | None = None
         # Ended runs' result files go to the master in a thread of their own: a slow master must
         # delay neither heartbeats nor the scheduler. It stops with the heartbeat; what it has not
@@ -112,6 +116,8 @@ class ShardProcess:
         self.start()
         try:
             if self._wait_for_acceptance():
+                self._instance = current_instance()
+                log.info("the master accepted this shard database's instance %s: scheduling", self._instance)
                 self.scheduler_started = True
                 self._loop()
             if self.before_exit is not None and not self.fatal:
@@ -229,6 +235,7 @@ class ShardProcess:
         try:
             # A connection broken by a database restart is dropped here and reopened by the next query.
             close_old_connections()
+            self._check_instance(now)
             runs = set(self.scheduler.runs)
             self.scheduler.tick(start_new=not self.draining.is_set())
             if set(self.scheduler.runs) != runs:
@@ -239,6 +246,24 @@ class ShardProcess:
         finally:
             self._exiting = self.draining.is_set() and self._may_exit(self._drain_deadline, self._stopping_since)
         return None if self._exiting else self.scheduler.config.tick_s
+
+    def _check_instance(self, now: float) -> None:
+        """Once an interval: whether this shard database still has the instance id this process was
+        accepted under. Another process of it took a new one, told by the master that the database
+        went back in time (a backup restored under running processes): then no process of it may
+        start or keep anything before the master accepts the new id (docs/protocol.md, "Shard
+        instances"), and this one stops as the one that was told does."""
+        if self._instance is None or self.at_once.is_set() or now - self._instance_checked < self.client.interval:
+            return
+        self._instance_checked = now
+        current = current_instance()
+        if current != self._instance:
+            why = (
+                f"this shard database took the new instance id {current} in place of {self._instance}, under "
+                "which this process was accepted (the master said the database went back in time)"
+            )
+            log.error("%s", why)
+            self._refused(why)
 
     def _idle_for_long(self, idle_s: float) -> bool:
         if self.exit_when_idle_s is None or self.draining.is_set() or idle_s < self.exit_when_idle_s:

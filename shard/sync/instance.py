@@ -38,6 +38,11 @@ def physical_identity() -> str:
     return f"postgresql:{cluster}:{oid}"
 
 
+def current_instance() -> str | None:
+    """The instance id this database holds now (another process of it may have renewed it)."""
+    return ShardState.objects.filter(id=1).values_list("instance", flat=True).first()
+
+
 @transaction.atomic
 def ensure_instance() -> str:
     """This database's instance id: the stored one, or a new one for a new or copied database."""

@@ -4,8 +4,12 @@ takes over within an interval when it dies; a worker leaves once idle; SQLite re
 import os
 import re
 import signal
+import sqlite3
 import time
+import uuid
+from contextlib import closing
 
+import psycopg2
 import pytest
 
 from shard.sync.leader import TAKEOVER_S
@@ -98,3 +102,35 @@ def test_sqlite_refuses_worker_mode_in_one_line(tmp_path, master_server):
         (line,) = done.stderr.strip().splitlines()
         assert "sqlite database allows one shard process only" in line
         assert "PostgreSQL" in line
+
+
+def _renew_instance_in(url: str) -> str:
+    """What `renew_instance` writes, done from outside the shard's processes."""
+    new = str(uuid.uuid4())
+    query = "UPDATE shard_shardstate SET instance = %s, last_heartbeat_ok = NULL"
+    if url.startswith("sqlite"):
+        with closing(sqlite3.connect(url.removeprefix("sqlite:///"), timeout=30)) as conn, conn:
+            conn.execute(query.replace("%s", "?"), (new,))
+    else:
+        with closing(psycopg2.connect(url)) as conn, conn, conn.cursor() as cur:
+            cur.execute(query, (new,))
+    return new
+
+
+def test_every_process_of_a_shard_database_stops_once_it_takes_a_new_instance_id(master_server, tmp_path, started):
+    """The process the master told that the database went back in time (a backup restored under it)
+    renews the instance id and stops; the others, accepted under the old id, must not go on
+    scheduling from the restored database either (two processes on PostgreSQL, one on SQLite)."""
+    shard = new_shard(master_server, tmp_path, hosts=1)
+    role = shard.process.role
+    names = ("a", "b") if using_postgres() else ("a",)
+    procs = {}
+    for name in names:
+        procs[name] = role.start("run_shard", log_name=f"{name}.log")
+        started.append((procs[name], role.data_dir / f"{name}.log"))
+    accepted = "the master accepted this shard database's instance"
+    wait_until(lambda: all(accepted in log_of(shard, n) for n in names), timeout=60, what="every process accepted")
+    new = _renew_instance_in(shard.url)
+    for name in names:
+        assert procs[name].wait(30) != 0, log_of(shard, name)
+        assert f"stopping: this shard database took the new instance id {new}" in log_of(shard, name)
