@@ -23,7 +23,7 @@ from shard.run.scheduler import Scheduler
 from shard.sync.client import HeartbeatClient, HeartbeatFailed
 from shard.sync.discovery import discovery_unacked
 from shard.sync.instance import current_instance
-from shard.sync.leader import HeartbeatLeadership, heartbeat_loop, recently_accepted
+from shard.sync.leader import HeartbeatLeadership, accepted_instance, heartbeat_loop
 from shard.uploads.logs import LogShipper
 from shard.uploads.results import ResultsUploader
 
@@ -116,7 +116,6 @@ class ShardProcess:
         self.start()
         try:
             if self._wait_for_acceptance():
-                self._instance = current_instance()
                 log.info("the master accepted this shard database's instance %s: scheduling", self._instance)
                 self.scheduler_started = True
                 self._loop()
@@ -167,24 +166,34 @@ class ShardProcess:
         self.stop_at_once()
 
     def _wait_for_acceptance(self) -> bool:
-        """Waits until the master accepts this instance; False when told to stop first."""
+        """Waits until the master accepts this instance, noting the instance id it accepted (which
+        `_check_instance` then watches); False when told to stop first. A database error is retried."""
         if not self.client.accepted.is_set():
             log.info("waiting for the master to accept this shard instance before touching any run or host")
         since = time.monotonic()
-        while not self.client.accepted.is_set():
-            if self.draining.is_set() or self._idle_for_long(time.monotonic() - since):
+        while True:
+            accepted = self.client.accepted.is_set()
+            if not accepted and (self.draining.is_set() or self._idle_for_long(time.monotonic() - since)):
                 return False
             try:
-                # Another process of this shard holds the heartbeat (elastic workers): its answers count.
-                if self.leadership.follows.is_set() and recently_accepted(self.client.interval):
-                    # The results uploader waits for it too.
-                    self.client.accepted.set()
+                if accepted:
+                    # This process's own heartbeat was answered: under the id it sent.
+                    self._instance = self.client.instance or current_instance()
                     return True
+                # Another process of this shard holds the heartbeat (elastic workers): its answers count.
+                if self.leadership.follows.is_set():
+                    instance = accepted_instance(self.client.interval)
+                    if instance is not None:
+                        self._instance = instance
+                        # The results uploader waits for it too.
+                        self.client.accepted.set()
+                        return True
             except DatabaseError as exc:
-                log.warning("cannot read the shard's last heartbeat: %s", exc)
+                if accepted and self.draining.is_set():
+                    return True  # nothing started yet, and nothing will: no id to watch
+                log.warning("cannot read the shard's instance or its last heartbeat: %s", exc)
             self.wake.wait(self.scheduler.config.tick_s)
             self.wake.clear()
-        return True
 
     def _loop(self) -> None:
         """Ticks the scheduler until the shard may exit. A failing tick is retried after a short

@@ -230,11 +230,16 @@ def runner_present(runner: str) -> bool:
     return not free
 
 
-def recently_accepted(interval_s: float) -> bool:
-    """Whether the process holding the heartbeat got the master's answer lately: its acceptance of this
-    database's instance then holds for a follower too (docs/protocol.md, "Shard instances")."""
-    last = ShardState.objects.filter(id=1).values_list("last_heartbeat_ok", flat=True).first()
-    return last is not None and abs(timezone.now() - last) <= timedelta(seconds=interval_s * ACCEPTED_FOR_INTERVALS)
+def accepted_instance(interval_s: float) -> str | None:
+    """This database's instance id when the process holding the heartbeat got the master's answer lately:
+    its acceptance of that id then holds for a follower too (docs/protocol.md, "Shard instances"); else
+    None. One read: a renewal, which clears the last answer with the id, cannot fall between the two."""
+    row = ShardState.objects.filter(id=1).values_list("instance", "last_heartbeat_ok").first()
+    if row is None:
+        return None
+    instance, last = row
+    recent = last is not None and abs(timezone.now() - last) <= timedelta(seconds=interval_s * ACCEPTED_FOR_INTERVALS)
+    return (instance or None) if recent else None
 
 
 def heartbeat_loop(

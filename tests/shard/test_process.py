@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import OperationalError
 
+import shard.process as shard_process
 from common.constants import FailureClass, HostStatus, HQEStatus
 from common.models import Host, HostQueueEntry
 from shard.config import SchedulerConfig
@@ -235,3 +237,30 @@ def test_a_worker_done_by_its_option_exits_once_its_runs_end_not_after_idling(
     assert shard.process.exited_idle and line in caplog.messages
     first, second = world["jobs"]
     assert hqe_row(first)[0] == HQEStatus.COMPLETED and hqe_row(second)[0] == HQEStatus.QUEUED
+
+
+def test_a_database_error_reading_the_instance_id_is_retried_not_a_crash(master_server, running, monkeypatch):
+    """Once accepted, a process reads the instance id it was accepted under, then checks it every
+    interval: a database that fails that read (a restart) must neither end the process nor stop it
+    as if the database had taken a new id."""
+    real = shard_process.current_instance
+    failures = {"left": 2}
+
+    def flaky() -> str | None:
+        if failures["left"]:
+            failures["left"] -= 1
+            raise OperationalError("the database restarts")
+        return real()
+
+    monkeypatch.setattr(shard_process, "current_instance", flaky)
+    world = lab(master_server, "sleep 1")
+    running_shard = running(master_server.url, world)
+    wait_until(
+        lambda: master_hqe(master_server, world["job"])[0] == "Completed",
+        timeout=60,
+        what="the job to complete",
+    )
+    assert running_shard.thread.is_alive(), "a database error reading the instance id ended the process"
+    assert running_shard.process.fatal is None
+    wait_until(lambda: not failures["left"], timeout=10, what="both failing reads")
+    assert running_shard.process.scheduler_started and running_shard.thread.is_alive()
