@@ -497,18 +497,12 @@ class HeartbeatRequest:
         if shared:
             i = next(i for i, e in enumerate(events) if e.seq in shared)
             raise WireError(f"host_events[{i}].seq", f"seq {events[i].seq} is also an update's: seqs are shared")
-        last_seq = f.integer("last_seq", 0, ID_MAX, optional=True)
-        highest = max((u.seq for u in (*parsed, *events)), default=0)
-        if last_seq is not None and last_seq < highest:
-            raise WireError(
-                "last_seq", f"{last_seq} is below seq {highest} of this request: it must be at least every seq"
-            )
-        return cls(
+        req = cls(
             shard=shard,
             instance=instance,
             client_version=client_version,
             outbox_depth=f.integer("outbox_depth", 0, ID_MAX, optional=True),
-            last_seq=last_seq,
+            last_seq=f.integer("last_seq", 0, ID_MAX, optional=True),
             known_hosts=known_hosts,
             known_jobs=known_jobs,
             updates=parsed,
@@ -516,6 +510,17 @@ class HeartbeatRequest:
             discovered=DiscoveredSet.parse(f),
             pools=Pool.parse_list(f),
         )
+        if req.last_seq is not None and req.last_seq < req.highest_seq:
+            raise WireError(
+                "last_seq",
+                f"{req.last_seq} is below seq {req.highest_seq} of this request: it must be at least every seq",
+            )
+        return req
+
+    @property
+    def highest_seq(self) -> int:
+        """The highest seq of the request's updates and host events; 0 when it has none."""
+        return max((u.seq for u in (*self.updates, *self.host_events)), default=0)
 
     def to_wire(self) -> dict[str, Any]:
         return {

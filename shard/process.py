@@ -171,15 +171,10 @@ class ShardProcess:
         if not self.client.accepted.is_set():
             log.info("waiting for the master to accept this shard instance before touching any run or host")
         since = time.monotonic()
-        while True:
-            accepted = self.client.accepted.is_set()
-            if not accepted and (self.draining.is_set() or self._idle_for_long(time.monotonic() - since)):
+        while not self.client.accepted.is_set():
+            if self.draining.is_set() or self._idle_for_long(time.monotonic() - since):
                 return False
             try:
-                if accepted:
-                    # This process's own heartbeat was answered: under the id it sent.
-                    self._instance = self.client.instance or current_instance()
-                    return True
                 # Another process of this shard holds the heartbeat (elastic workers): its answers count.
                 if self.leadership.follows.is_set():
                     instance = accepted_instance(self.client.interval)
@@ -189,11 +184,12 @@ class ShardProcess:
                         self.client.accepted.set()
                         return True
             except DatabaseError as exc:
-                if accepted and self.draining.is_set():
-                    return True  # nothing started yet, and nothing will: no id to watch
                 log.warning("cannot read the shard's instance or its last heartbeat: %s", exc)
             self.wake.wait(self.scheduler.config.tick_s)
             self.wake.clear()
+        # This process's own heartbeat was answered: under the id it sent.
+        self._instance = self.client.instance
+        return True
 
     def _loop(self) -> None:
         """Ticks the scheduler until the shard may exit. A failing tick is retried after a short

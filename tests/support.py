@@ -51,15 +51,15 @@ def fresh_database_url(tmp: Path, name: str, migrated_as: str | None = None) -> 
         return f"sqlite:///{path}"
     dbname = f"fs_{name}_{uuid.uuid4().hex[:8]}"
     copy = f' TEMPLATE "{template}"' if template else ""
-    for attempt in range(50):
+
+    def created() -> bool:
         try:
             _postgres_admin(f'CREATE DATABASE "{dbname}"{copy}')
-            break
         except psycopg2.errors.ObjectInUse:
-            # The migrating process's backend may not have ended yet when it has exited.
-            if attempt == 49:
-                raise
-            time.sleep(0.1)
+            return False  # the migrating process's backend may not have ended yet when it has exited
+        return True
+
+    wait_until(created, timeout=5, interval=0.1, what=f"the template {template} to be free to copy")
     return _postgres_url(dbname)
 
 

@@ -458,7 +458,6 @@ class _Statements:
 def _noted(req: HeartbeatRequest, now: datetime) -> list[Any]:
     """The values of NOTED, then the highest seq the request carries."""
     when = connection.ops.adapt_datetimefield_value(now)
-    seq = max((u.seq for u in (*req.updates, *req.host_events)), default=0)
     return [
         when,
         req.client_version,
@@ -466,7 +465,7 @@ def _noted(req: HeartbeatRequest, now: datetime) -> list[Any]:
         len(req.known_hosts),
         len(req.known_jobs),
         len(req.updates),
-        seq,
+        req.highest_seq,
     ]
 
 

@@ -240,9 +240,9 @@ def test_a_worker_done_by_its_option_exits_once_its_runs_end_not_after_idling(
 
 
 def test_a_database_error_reading_the_instance_id_is_retried_not_a_crash(master_server, running, monkeypatch):
-    """Once accepted, a process reads the instance id it was accepted under, then checks it every
-    interval: a database that fails that read (a restart) must neither end the process nor stop it
-    as if the database had taken a new id."""
+    """Once accepted, a process checks every interval that the database still holds the instance id it
+    was accepted under: a database that fails that read (a restart) must neither end the process nor
+    stop it as if the database had taken a new id."""
     real = shard_process.current_instance
     failures = {"left": 2}
 

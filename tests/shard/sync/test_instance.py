@@ -123,9 +123,8 @@ def test_a_backup_restored_in_place_is_refused_then_taken_as_a_new_database_that
     takes as a new database once the old one is silent, telling it that the job it ran after the
     backup has ended."""
     world = make_world(master_server, f"r{uuid.uuid4().hex[:6]}", hosts=1)
-    role = Role("shard", fresh_database_url(tmp_path, "orig"), tmp_path)
+    role = Role("shard", fresh_database_url(tmp_path, "orig", migrated_as="shard"), tmp_path)
     try:
-        role.manage("migrate", "--noinput")
         assert role.shell(_tick(master_server, world)) == "ok"
         first, statuses = role.shell(STATE)
         assert statuses == ["Queued"]
