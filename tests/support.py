@@ -237,6 +237,12 @@ class Master:
     def shell(self, code: str) -> Any:
         return self.role.shell(code)
 
+    def logs(self, tail: int = 4000) -> str:
+        """The end of each log in the master's data directory, for a failure's message: pytest's
+        temporary directory, and the logs with it, are gone by the time CI's output is read."""
+        logs = sorted(self.role.data_dir.glob("*.log"))
+        return "\n".join(f"--- {log.name} (its last {tail} characters) ---\n{log.read_text()[-tail:]}" for log in logs)
+
 
 @pytest.fixture(scope="session")
 def master_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Master]:

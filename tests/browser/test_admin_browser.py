@@ -218,6 +218,10 @@ def test_lock_a_host_with_a_reason(world: World, page: Any) -> None:
     )
     assert host == [True, "replacing the USB hub"]
     # The lock is master-owned config: the shard receives it on its next heartbeat.
+    wait_for_the_shard_to_hold_the_lock(world)
+
+
+def wait_for_the_shard_to_hold_the_lock(world: World) -> None:
     wait_until(
         lambda: (
             world.shard.shell(
@@ -259,6 +263,15 @@ def shard_admin(world: World) -> Iterator[str]:
 def test_the_shard_admin_shows_its_hosts_and_queue_read_only(world: World, shard_admin: str, chromium: Any) -> None:
     from playwright.sync_api import expect
 
+    # sunfish-02 locked as test_lock_a_host_with_a_reason leaves it, which pytest-xdist may have run
+    # in another worker (another world) or not at all.
+    world.master_value(
+        "from common.models import Host\nfrom master import services\n"
+        "if not Host.objects.get(hostname='sunfish-02').locked:\n"
+        "    services.lock_hosts(['sunfish-02'], 'replacing the USB hub', acting_user=None)\n"
+        "result = True"
+    )
+    wait_for_the_shard_to_hold_the_lock(world)
     context = chromium.new_context(viewport={"width": 1280, "height": 860})
     context.set_default_timeout(20_000)
     page = context.new_page()
