@@ -26,7 +26,7 @@ from master.api.schema import FleetshardAutoSchema
 from master.api.serializers import INT64_MAX, ErrorSerializer
 from master.api.uploads import FILE_BODY, OctetStreamView, read_body
 from master.api.uploads import error as _error
-from master.timeline.export import gzipped, trace_chunks
+from master.timeline.export import gzipped, trace_chunks, trace_pieces
 from master.timeline.jobtrace import MAX_TRACE_BYTES, TraceRejected, store_run_trace
 from master.timeline.limits import Deadline, Holding, Slot, end_quietly, take_export_slot
 from master.timeline.pftrace import pftrace_chunks
@@ -157,7 +157,7 @@ class TimelineExportView(_TimelineView):
         if request.query_params.get("pftrace") in ("1", "true", "True"):
             chunks, kind, name = pftrace_chunks(s, deadline), "application/octet-stream", f"timeline-{stamp}.pftrace"
         elif request.query_params.get("gzip") in ("1", "true", "True"):
-            chunks, kind, name = gzipped(trace_chunks(s, deadline)), "application/gzip", f"timeline-{stamp}.json.gz"
+            chunks, kind, name = gzipped(trace_pieces(s, deadline)), "application/gzip", f"timeline-{stamp}.json.gz"
         else:
             chunks, kind, name = _encoded(trace_chunks(s, deadline)), "application/json", f"timeline-{stamp}.json"
         # The slot is freed when the response closes, read to its end or not.

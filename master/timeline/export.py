@@ -1,36 +1,34 @@
 """The Chrome Trace Event export (docs/design.md, "Timelines"), written as it is read from the database.
 
 Rows come from a server-side cursor in chunks and leave as text chunks, so a trace of millions of
-intervals needs the memory of one chunk, not of the trace. Times are microseconds since the epoch.
+intervals needs the memory of one chunk, not of the trace; built days (master.timeline.days) come
+as pieces compressed beforehand. Times are microseconds since the epoch.
 """
 
-import gzip
 import json
-import zlib
-from collections.abc import Generator, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import closing, suppress
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from django.db import connection, transaction
-from django.db.models import BigIntegerField, F, Func
+from django.db.models import F
 
 from common.models import Host, Shard
+from master.timeline import days
+from master.timeline.deflate import Joiner, Packed
 from master.timeline.limits import Deadline, end_quietly
 from master.timeline.models import IntervalKind
-from master.timeline.query import Scope, selected, sqlite_micros
+from master.timeline.query import Scope, selected
+from master.timeline.slices import NO_SHARD, Micros, slice_texts
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 ONE_US = timedelta(microseconds=1)
-CHUNK_ROWS = 5000
 TRACES_PER_FETCH = 2
 FLUSH_CHARS = 1 << 16
 # Level 7: a tenth smaller than 6 on a trace's repetitive lines, for a little more time (bench/timeline.py).
 GZIP_LEVEL = 7
 COUNTER_BUCKETS = 1000  # per shard: the counters' resolution, whatever the window's length
-NO_SHARD = 0  # the pid of intervals whose shard was deleted
 CUT_PID = (1 << 31) - 1  # the pid of the note of an export cut short at its deadline
 
 
@@ -40,15 +38,16 @@ def us(when: datetime) -> int:
 
 def trace_events(s: Scope) -> Iterator[str]:
     """Each event of the trace as JSON text: metadata first, then counters, slices and jobs' events."""
-    return _parts(s, batched=False)
+    return cast(Iterator[str], _parts(s, batched=False))  # no built days: text only
 
 
-def _parts(s: Scope, *, batched: bool) -> Iterator[str]:
-    """The events' JSON texts; `batched`: the slices come as runs of events joined by commas.
+def _parts(s: Scope, *, batched: bool, built: bool = False) -> Iterator[str | Packed]:
+    """The events' JSON texts; `batched`: the slices come as runs of events joined by commas, and
+    `built`: the built days the scope covers as their pieces (each event after a comma).
 
     All read from one snapshot on PostgreSQL: an interval the heartbeat writes meanwhile (a run on a
     host not yet named) would otherwise be a slice on a thread without a name, or a job's events
-    without their run."""
+    without their run; a day marked unbuilt meanwhile is still built in it, with its old intervals."""
     with transaction.atomic():
         if connection.vendor == "postgresql" and _outermost():
             with connection.cursor() as cursor:
@@ -57,12 +56,14 @@ def _parts(s: Scope, *, batched: bool) -> Iterator[str]:
         pairs: set[tuple[int | None, int]] = set(rows.order_by().values_list("shard_id", "host_id").distinct())
         counters = _counters(s, {shard for shard, _ in pairs}) if pairs or s.shards else []
         shard_ids = {shard or NO_SHARD for shard, _ in pairs} | {shard for shard, *_ in counters}
+        covered = days.covering(s) if built else []
         # One `yield from` each, not chain(): closing this generator (a reader gone, a deadline) must close
         # the one it is in, whose atomic block and server-side cursor would otherwise outlive this one's
         # and later end whatever transaction the thread's connection is in by then.
         yield from _metadata(shard_ids, pairs)
         yield from _counter_events(counters)
-        yield from _slices(rows, batched=batched)
+        yield from days.pieces(covered)
+        yield from slice_texts(rows.exclude(days.spliced(covered)) if covered else rows, batched=batched)
         yield from _job_events(rows)
 
 
@@ -71,28 +72,44 @@ def _outermost() -> bool:
     return not connection.savepoint_ids
 
 
-def trace_chunks(s: Scope, deadline: Deadline | None = None) -> Iterator[str]:
-    """The trace as text, chunk by chunk; joined, one JSON object. Past `deadline` it ends early, still
-    whole, its transaction ended, with the reason in `otherData` and as a process named for it."""
+def trace_pieces(s: Scope, deadline: Deadline | None = None) -> Iterator[str | Packed]:
+    """The trace as text chunks and built days' pieces; their texts joined, one JSON object. Past
+    `deadline` it ends early, still whole, its transaction ended, with the reason in `otherData` and
+    as a process named for it."""
     buffer, size, first = ['{"traceEvents":['], 0, True
 
-    def pack(event: str) -> str | None:
+    def pack(event: str | Packed) -> list[str | Packed]:
         nonlocal buffer, size, first
-        piece = event if first else "," + event
+        if isinstance(event, Packed) and not first:
+            out: list[str | Packed] = ["".join(buffer), event]
+            buffer, size = [], 0
+            return out
+        text = event.text()[1:] if isinstance(event, Packed) else event  # (a piece's events follow commas)
+        piece = text if first else "," + text
         first = False
         buffer.append(piece)
         size += len(piece)
         if size < FLUSH_CHARS:
-            return None
+            return []
         chunk, buffer, size = "".join(buffer), [], 0
-        return chunk
+        return [chunk]
 
-    cut = yield from (deadline or Deadline.never()).chunks(_parts(s, batched=True), pack)
+    cut = yield from (deadline or Deadline.never()).chunks(_parts(s, batched=True, built=True), pack)
     if cut:
         buffer.append(("" if first else ",") + cut_event(cut))
     other = f',"otherData":{{"cut_short":{json.dumps(cut)}}}' if cut else ""
     buffer.append(f'],"displayTimeUnit":"ms"{other}}}\n')
     yield "".join(buffer)
+
+
+def trace_chunks(s: Scope, deadline: Deadline | None = None) -> Iterator[str]:
+    """The trace as text, chunk by chunk; joined, one JSON object (trace_pieces, the pieces inflated)."""
+    chunks = trace_pieces(s, deadline)
+    try:
+        for chunk in chunks:
+            yield chunk.text() if isinstance(chunk, Packed) else chunk
+    finally:
+        end_quietly(chunks)
 
 
 def cut_event(note: str) -> str:
@@ -119,85 +136,6 @@ def _metadata(shard_ids: set[int], pairs: set[tuple[int | None, int]]) -> Iterat
         yield f'{{"name":"thread_sort_index","ph":"M","pid":{pid},"tid":{host},"args":{{"sort_index":{rank}}}}}'
 
 
-def _quoted(sql: str) -> str:
-    """A JSON string literal of a text column, made by the database."""
-    return f"to_json(({sql})::text)::text" if connection.vendor == "postgresql" else f"json_quote({sql})"
-
-
-def _text(sql: str) -> str:
-    return f"COALESCE(CAST({sql} AS TEXT), 'null')"
-
-
-def _slices(rows: Any, *, batched: bool = False) -> Iterator[str]:
-    """Each slice's JSON text, written by the database: formatting a million rows in Python would
-    take longer than reading them. `batched`: each fetch's slices joined by commas, as one text."""
-    inner = rows.order_by().values(
-        k=F("kind"),
-        p=F("shard_id"),
-        t=F("host_id"),
-        j=F("job_id"),
-        q=F("hqe_id"),
-        ts=Micros(F("clip_start")),
-        te=Micros(F("clip_end")),
-        nm=F("job__name"),
-        ow=F("job__owner"),
-        st=F("hqe__status"),
-        fl=F("hqe__failure"),
-        ec=F("hqe__exit_code"),
-    )
-    sql, params = inner.query.sql_with_params()
-    common = (
-        f"""',"ph":"X","pid":' || COALESCE(p, {NO_SHARD}) || ',"tid":' || t || ',"ts":' || ts || ',"dur":' || """
-        "(CASE WHEN te > ts THEN te - ts ELSE 0 END)"
-    )
-    line = (
-        f"""CASE WHEN k = 'run' THEN '{{"name":' || {_quoted("COALESCE(nm, 'job ' || j)")} || ',"cat":"run"' || """
-        f"""{common} || ',"args":{{"job":' || {_text("j")} || ',"hqe":' || {_text("q")} || """
-        f"""',"owner":' || {_quoted("COALESCE(ow, '')")} || ',"status":' || {_quoted("COALESCE(st, '')")} || """
-        f"""',"failure":' || {_quoted("COALESCE(fl, '')")} || ',"exit_code":' || {_text("ec")} || '}}}}' """
-        f"""ELSE '{{"name":' || {_quoted("k")} || ',"cat":"host"' || {common} || '}}' END"""
-    )
-    # In a transaction, PostgreSQL streams a server-side cursor; outside one (WITH HOLD) it would
-    # first store the whole result. Unsorted: viewers sort, and sorting a million rows doubled the time.
-    with transaction.atomic():
-        if connection.vendor == "postgresql":
-            with connection.cursor() as setup:
-                setup.execute("SET LOCAL jit = off")  # compiling costs more than it saves on one scan
-        # OFFSET 0 keeps PostgreSQL from inlining the subquery, which computed each time and
-        # duration three times over (in the line, the comparison and the difference): a third of its work.
-        fence = " OFFSET 0" if connection.vendor == "postgresql" else ""
-        cursor = connection.chunked_cursor()
-        try:
-            cursor.execute(f"SELECT {line} FROM ({sql}{fence}) AS i", params)
-            # Closed before the cursor, whatever ends the export: its fetch must be over first.
-            with closing(_fetched_ahead(cursor)) as batches:
-                for batch in batches:
-                    if batched:
-                        yield ",".join([text for (text,) in batch])
-                    else:
-                        for (text,) in batch:
-                            yield text
-        finally:
-            cursor.close()
-
-
-def _fetched_ahead(cursor: Any) -> Generator[list[tuple[Any, ...]], None, None]:
-    """The cursor's rows a fetch at a time, the next fetch already under way in a thread while the
-    caller handles this one: the database formats the next rows while this process compresses and
-    sends the last (the driver and zlib both let go of the GIL), instead of each waiting on the other.
-    The thread uses the export's cursor, not a connection of its own (serve's connection budget
-    holds). Ends no earlier than its fetch, so the cursor is never closed or reused under it."""
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="timeline-fetch") as ahead:
-        pending = ahead.submit(cursor.fetchmany, CHUNK_ROWS)
-        try:
-            while batch := pending.result():
-                pending = ahead.submit(cursor.fetchmany, CHUNK_ROWS)
-                yield batch
-        finally:
-            with suppress(Exception):
-                pending.result()  # a fetch left running when the reader went away or an error came
-
-
 def _job_events(rows: Any) -> Iterator[str]:
     """The events of the jobs' own traces (master.timeline.jobtrace), shifted to start with their run
     and clipped to its slice (as the window clipped it), so they nest inside it on the host's thread."""
@@ -215,21 +153,6 @@ def _job_events(rows: Any) -> Iterator[str]:
                 continue
             args = f',"args":{{"cat":{json.dumps(cat)}}}' if cat else ""
             yield f'{{"name":{json.dumps(name)}{head}{begin},"dur":{end - begin}{args}}}'
-
-
-class Micros(Func):
-    """A time as integer microseconds since the epoch."""
-
-    output_field = BigIntegerField()
-
-    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> Any:
-        return self.as_sql(
-            compiler, connection, template="round(date_part('epoch', %(expressions)s) * 1000000)::bigint"
-        )
-
-    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
-        sql, params = compiler.compile(self.get_source_expressions()[0])
-        return sqlite_micros(sql), [*params, *params]
 
 
 def _epoch_sql(column: str) -> str:
@@ -332,20 +255,24 @@ def _counter_events(counters: list[tuple[int, datetime, int, int]]) -> Iterator[
 
 def write_trace(s: Scope, path: Path) -> int:
     """Writes the trace to `path` (gzipped when it ends .gz); returns the bytes written."""
-    with gzip.open(path, "wb", compresslevel=GZIP_LEVEL) if path.name.endswith(".gz") else open(path, "wb") as out:
-        for chunk in trace_chunks(s):
-            out.write(chunk.encode())
+    with open(path, "wb") as out:
+        if path.name.endswith(".gz"):
+            for data in gzipped(trace_pieces(s)):
+                out.write(data)
+        else:
+            for chunk in trace_chunks(s):
+                out.write(chunk.encode())
     return path.stat().st_size
 
 
-def gzipped(chunks: Iterable[str]) -> Iterator[bytes]:
-    """A gzip stream of `chunks`, compressed as they come."""
-    packer = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)
+def gzipped(chunks: Iterable[str | Packed]) -> Iterator[bytes]:
+    """One gzip stream of `chunks`, text compressed as it comes, pieces spliced in (master.timeline.deflate)."""
+    joiner = Joiner(GZIP_LEVEL)
     try:
         for chunk in chunks:
-            data = packer.compress(chunk.encode())
+            data = joiner.piece(chunk) if isinstance(chunk, Packed) else joiner.text(chunk)
             if data:
                 yield data
     finally:
         end_quietly(iter(chunks))
-    yield packer.flush()
+    yield joiner.finish()

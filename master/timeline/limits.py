@@ -13,7 +13,7 @@ hold connections and old snapshots (which keep VACUUM from cleaning) without end
 import math
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -65,20 +65,20 @@ class Deadline:
         """No deadline: for writing a file (the CLI, the bench), where no reader holds a connection."""
         return cls(math.inf, math.inf, enforce_idle=False)
 
-    def chunks(self, events: Iterator[Event], pack: Callable[[Event], Chunk | None]) -> Generator[Chunk, None, str]:
-        """The chunks `pack` makes of `events` (it returns one when it has gathered enough, else None),
-        until the events end or, after a chunk leaves, the deadline has passed. Returns this deadline's
+    def chunks(self, events: Iterator[Event], pack: Callable[[Event], Sequence[Chunk]]) -> Generator[Chunk, None, str]:
+        """The chunks `pack` makes of `events` (it returns them when it has gathered enough, else none),
+        until the events end or, after chunks leave, the deadline has passed. Returns this deadline's
         note if cut short, else "" (`cut = yield from deadline.chunks(...)`); the caller flushes what
         `pack` still holds and closes the trace. The events' generator is closed either way, ending
         its transaction, so the caller's tail runs outside it. Shared by the Chrome trace and the
         Perfetto export, so both cut short alike."""
         try:
             for event in events:
-                chunk = pack(event)
-                if chunk is None:
+                chunks = pack(event)
+                if not chunks:
                     continue
                 self.before_idle()
-                yield chunk
+                yield from chunks
                 if self.passed():
                     return self.note()
         except DatabaseError:

@@ -91,3 +91,41 @@ class RunTrace(models.Model):
 
     def __str__(self) -> str:
         return f"trace of HQE {self.hqe_id} ({len(self.events)} events)"
+
+
+class TraceDay(models.Model):
+    """A UTC day of the timeline whose closed intervals' slices are built once (master.timeline.days):
+    the export splices its pieces in instead of formatting and compressing the day again. A row also
+    serves as the day's lock: the builder holds it while it reads, and a change to the day (its
+    intervals, or the HQE or job a slice names) marks it unbuilt through it (database triggers)."""
+
+    day = models.IntegerField(primary_key=True, help_text="Days since 1970-01-01 (UTC) of the intervals' start.")
+    built = models.BooleanField(default=False)
+    format = models.PositiveSmallIntegerField(default=0, help_text="The slices' format it was built in.")
+    intervals = models.PositiveIntegerField(default=0)
+    max_end = models.DateTimeField(null=True, blank=True, help_text="The latest end of its slices.")
+    built_on = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        app_label = "master"
+
+    def __str__(self) -> str:
+        return f"trace day {self.day} ({'built' if self.built else 'unbuilt'})"
+
+
+class TracePiece(models.Model):
+    """Part of a built day: its slices' text (each slice after a comma) as raw deflate, ended by a full
+    flush and compressed apart, so it can stand anywhere in another deflate stream."""
+
+    day = models.ForeignKey(TraceDay, on_delete=models.CASCADE, related_name="pieces")
+    seq = models.PositiveIntegerField()
+    body = models.BinaryField()
+    crc = models.BigIntegerField(help_text="CRC-32 of the text, for the gzip trailer.")
+    size = models.BigIntegerField(help_text="Bytes of the text (UTF-8).")
+
+    class Meta:
+        app_label = "master"
+        constraints = [models.UniqueConstraint(fields=["day", "seq"], name="tracepiece_unique_seq")]
+
+    def __str__(self) -> str:
+        return f"piece {self.seq} of trace day {self.day_id}"

@@ -132,9 +132,9 @@ def pftrace_chunks(s: Scope, deadline: Deadline | None = None) -> Iterator[bytes
     sink = _Sink()
     builder = _Builder(sink)
 
-    def pack(text: str) -> bytes | None:
+    def pack(text: str) -> list[bytes]:
         builder.feed(json.loads(text))
-        return sink.take() if sink.size >= FLUSH_BYTES else None
+        return [sink.take()] if sink.size >= FLUSH_BYTES else []
 
     cut = yield from (deadline or Deadline.never()).chunks(trace_events(s), pack)
     if cut:

@@ -10,7 +10,7 @@ from django.db import connection
 
 from common.errors import FleetshardError, NotFound
 from common.models import HostQueueEntry
-from master.timeline import export
+from master.timeline import slices
 from master.timeline.export import FLUSH_CHARS, trace_chunks, trace_events, us, write_trace
 from master.timeline.query import scope
 from tests.master.timeline.factories import add_run, add_state, at, host
@@ -136,7 +136,7 @@ def test_an_empty_fleet_exports_an_empty_valid_trace(tmp_path, fleet):
 
 def test_the_trace_leaves_in_pieces_not_at_once(fleet, monkeypatch):
     """A chunk holds at most one fetch of slices past the flush size: memory never holds the trace."""
-    monkeypatch.setattr(export, "CHUNK_ROWS", 50)
+    monkeypatch.setattr(slices, "CHUNK_ROWS", 50)
     for i in range(800):
         add_run("a1", i * 4, i * 4 + 2, name=f'job {i} \u00e9 "quoted"')
     chunks = list(trace_chunks(scope(NOW)))
@@ -173,10 +173,11 @@ def test_the_export_costs_a_fixed_number_of_queries_whatever_its_size(
     """Pinned (issue 30): the slices' fetches run ahead in a thread and both scans are fenced with
     OFFSET 0 on PostgreSQL; neither may add a query, nor may more rows. In the test's transaction the
     export's atomic blocks are savepoints: the pairs, the counters' start and buckets, the shards' and
-    hosts' names, the slices (a savepoint around them, and on PostgreSQL `SET LOCAL jit`), the jobs'
-    own traces. Fetches of a cursor already open are not queries."""
-    monkeypatch.setattr(export, "CHUNK_ROWS", 2)  # several fetches, each ahead of its consumer
-    expected = 12 if connection.vendor == "postgresql" else 11
+    hosts' names, the built days it covers (none here: no pieces read), the slices (a savepoint around
+    them, and on PostgreSQL `SET LOCAL jit`), the jobs' own traces. Fetches of a cursor already open
+    are not queries."""
+    monkeypatch.setattr(slices, "CHUNK_ROWS", 2)  # several fetches, each ahead of its consumer
+    expected = 13 if connection.vendor == "postgresql" else 12
     with django_assert_num_queries(expected):
         few = "".join(trace_chunks(scope(NOW)))
     for i in range(40):

@@ -15,7 +15,7 @@ from django.contrib.auth.models import User
 from django.db import DEFAULT_DB_ALIAS, OperationalError, connection, connections
 from django.test import Client
 
-from master.timeline import export
+from master.timeline import export, slices
 from master.timeline.export import CUT_PID, trace_chunks
 from master.timeline.limits import Deadline
 from master.timeline.query import scope
@@ -90,7 +90,7 @@ def test_a_reader_gone_midway_leaves_the_connection_out_of_any_transaction(fleet
     collected later, rolled back whatever export the thread ran next ("named cursor isn't valid")."""
     for n in range(300):
         add_state("a1", "Cleaning", n * 10, n * 10 + 5)
-    monkeypatch.setattr(export, "CHUNK_ROWS", 10)
+    monkeypatch.setattr(slices, "CHUNK_ROWS", 10)
     monkeypatch.setattr(export, "FLUSH_CHARS", 100)
     chunks = trace_chunks(scope(at(100000)))
     while '"cat":"host"' not in next(chunks):
@@ -117,7 +117,7 @@ def test_a_reader_gone_while_a_fetch_runs_ahead_waits_for_it_and_leaves_no_threa
 
     for n in range(300):
         add_state("a1", "Cleaning", n * 10, n * 10 + 5)
-    monkeypatch.setattr(export, "CHUNK_ROWS", 7)
+    monkeypatch.setattr(slices, "CHUNK_ROWS", 7)
     monkeypatch.setattr(export, "FLUSH_CHARS", 50)
     monkeypatch.setattr(pftrace, "FLUSH_BYTES", 50)
     for _ in range(3):
@@ -137,7 +137,7 @@ def test_an_error_in_the_fetch_thread_reaches_the_export_and_leaves_nothing_open
     error, before the deadline, as a fetch in the export's own thread did; nothing is left open."""
     for n in range(100):
         add_state("a1", "Cleaning", n * 10, n * 10 + 5)
-    monkeypatch.setattr(export, "CHUNK_ROWS", 5)
+    monkeypatch.setattr(slices, "CHUNK_ROWS", 5)
     monkeypatch.setattr(export, "FLUSH_CHARS", 50)
     real = connection.chunked_cursor
     fetches = []

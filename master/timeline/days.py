@@ -1,0 +1,175 @@
+"""Closed days of the timeline, built once (docs/design.md, "Timelines: built days").
+
+An export formatted every slice (in the database) and compressed it (here) again at each export: a
+million intervals took seconds of both. A day whose intervals have ended changes rarely, so its
+slices' text is built once, as raw deflate pieces (master.timeline.deflate) that a gzipped export
+splices in unchanged and a JSON one inflates.
+
+- A day is a UTC day of intervals' starts; it is built an hour after it ends (COOL), by a thread of
+  each `serve` worker (FLEETSHARD_SERVE_BACKGROUND) or by `build_due`. Open intervals are not in it.
+- Whatever changes what a built day's slices show marks it unbuilt in the change's own transaction:
+  database triggers (migration 0014) on its intervals and on the HQEs and jobs they name. Only days
+  before today are watched, so today's intervals, which every heartbeat writes, cost no extra write.
+- The builder takes the day's row lock before it reads: a change to the day waits for the build and
+  then marks it unbuilt, or commits first and is read.
+- An export splices in the built days its window covers whole, whose slices all end before it does,
+  and reads everything else as before (today, open intervals, days not built yet). An export narrowed
+  to shards, a label or jobs reads everything as before.
+"""
+
+import logging
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+from django.db import close_old_connections, connection, transaction
+from django.db.models import Count, Max, Min, Q
+from django.utils import timezone
+
+from common.loop import Backoff, run_until_stopped
+from master.timeline import deflate
+from master.timeline.deflate import Packed
+from master.timeline.models import Interval, TraceDay, TracePiece
+from master.timeline.query import Scope, selected
+from master.timeline.slices import slice_texts
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1  # the slices' format (master.timeline.slices): days built in another are built again
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+DAY = timedelta(days=1)
+COOL = timedelta(hours=1)  # a day is built this long after it ends: its last runs are reported by then
+PIECE_CHARS = 4 << 20  # a piece's text, at most about (a piece is read whole)
+PIECE_LEVEL = 9  # built once: the smallest
+DAYS_A_PASS = 30
+INTERVAL_S = 60.0
+_UNCLIPPED = datetime(9999, 1, 1, tzinfo=UTC)  # a scope's `now` that clips no closed interval
+
+
+def day_of(when: datetime) -> int:
+    return (when - EPOCH) // DAY
+
+
+def start_of(day: int) -> datetime:
+    return EPOCH + day * DAY
+
+
+def due(now: datetime) -> list[int]:
+    """The days from the first interval's to the last that ended COOL ago which are not built."""
+    first = Interval.objects.aggregate(t=Min("start"))["t"]
+    if first is None:
+        return []
+    lo, hi = day_of(first), day_of(now - COOL) - 1
+    built = set(
+        TraceDay.objects.filter(built=True, format=FORMAT, day__gte=lo, day__lte=hi).values_list("day", flat=True)
+    )
+    return [d for d in range(lo, hi + 1) if d not in built]
+
+
+@transaction.atomic
+def build(day: int, now: datetime | None = None) -> bool:
+    """Builds `day` unless it is built in this format already; returns whether it built it."""
+    now = now or timezone.now()
+    if day > day_of(now - COOL) - 1:
+        raise ValueError(f"day {day} ({start_of(day):%Y-%m-%d}) has not ended {COOL} ago")
+    with connection.cursor() as cursor:
+        # The day's row lock, held to the commit (the triggers take it too): see the module's docstring.
+        cursor.execute(
+            "INSERT INTO master_traceday (day, built, format, intervals) VALUES (%s, FALSE, 0, 0)"
+            " ON CONFLICT (day) DO UPDATE SET built = master_traceday.built",
+            [day],
+        )
+    row = TraceDay.objects.get(day=day)
+    if row.built and row.format == FORMAT:
+        return False
+    TracePiece.objects.filter(day=row).delete()
+    on_day = Q(start__gte=start_of(day), start__lt=start_of(day + 1))
+    closed = selected(Scope(_UNCLIPPED)).filter(on_day, end__isnull=False)
+    seq, texts, chars = 0, [""], 0
+    for text in slice_texts(closed, batched=True):
+        texts.append(text)
+        chars += len(text) + 1
+        if chars >= PIECE_CHARS:
+            _write_piece(row, seq, texts)
+            seq, texts, chars = seq + 1, [""], 0
+    if chars:
+        _write_piece(row, seq, texts)
+    counted = closed.aggregate(n=Count("id"), end=Max("end"))
+    row.built, row.format, row.built_on = True, FORMAT, now
+    row.intervals, row.max_end = counted["n"], counted["end"]
+    row.save()
+    return True
+
+
+def _write_piece(day: TraceDay, seq: int, texts: list[str]) -> None:
+    """`texts` starts with "": each slice follows a comma, so a piece may follow any event."""
+    piece = deflate.pack(",".join(texts), PIECE_LEVEL)
+    TracePiece.objects.create(day=day, seq=seq, body=piece.body, crc=piece.crc, size=piece.size)
+
+
+def build_due(now: datetime | None = None, limit: int = DAYS_A_PASS) -> tuple[int, int]:
+    """Builds up to `limit` due days; returns how many it built and how many are still due."""
+    now = now or timezone.now()
+    days = due(now)
+    built = sum(build(day, now) for day in days[:limit])
+    return built, max(0, len(days) - limit)
+
+
+def covering(s: Scope) -> list[TraceDay]:
+    """The built days an export of `s` splices in: inside its window whole, every slice ended before
+    the window does (a slice is clipped to it otherwise); none for a narrowed export."""
+    if s.shards or s.label is not None or s.jobs:
+        return []
+    days = TraceDay.objects.filter(built=True, format=FORMAT, day__lte=day_of(s.end)).order_by("day")
+    if s.since is not None:
+        days = days.filter(day__gt=day_of(s.since))  # the day's start after `since`
+    return [d for d in days if start_of(d.day) < s.end and (d.max_end is None or d.max_end < s.end)]
+
+
+def spliced(days: list[TraceDay]) -> Q:
+    """The intervals the pieces of `days` hold, so the export reads them no more: closed, starting on one."""
+    spans: list[list[int]] = []
+    for d in sorted(day.day for day in days):
+        if spans and spans[-1][1] == d:
+            spans[-1][1] = d + 1
+        else:
+            spans.append([d, d + 1])
+    on_them = Q()
+    for lo, hi in spans:
+        on_them |= Q(start__gte=start_of(lo), start__lt=start_of(hi))
+    return Q(end__isnull=False) & on_them
+
+
+def pieces(days: list[TraceDay]) -> Iterator[Packed]:
+    if not days:
+        return
+    rows = TracePiece.objects.filter(day__in=[d.day for d in days]).order_by("day", "seq")
+    for body, crc, size in rows.values_list("body", "crc", "size").iterator(chunk_size=2):
+        yield Packed(bytes(body), crc, size)
+
+
+def run_builder(stop: threading.Event, interval_s: float = INTERVAL_S) -> None:
+    """Builds due days until `stop` is set, a pass each `interval_s` (at once while more are due)."""
+
+    def step() -> float:
+        close_old_connections()
+        _, left = build_due()
+        return 0.0 if left else interval_s
+
+    run_until_stopped(
+        step,
+        stop,
+        what="trace day builder",
+        log=log,
+        backoff=Backoff(base_s=interval_s, cap_s=10 * interval_s),
+        on_error=lambda exc: connection.close(),
+    )
+    connection.close()
+
+
+def start_builder_thread(interval_s: float = INTERVAL_S) -> tuple[threading.Thread, threading.Event]:
+    """Starts `run_builder` in a daemon thread (the master's `serve` does, in each worker)."""
+    stop = threading.Event()
+    thread = threading.Thread(target=run_builder, args=(stop, interval_s), name="trace-day-builder", daemon=True)
+    thread.start()
+    return thread, stop
