@@ -4,7 +4,9 @@ is not in it), the file's size and the child's peak memory (ru_maxrss, and befor
 started), then checks the file with the streaming validator. It exports twice: reading every
 interval (no day built yet), then once the closed days are built (master/timeline/days.py, what
 `serve`'s builder thread does an hour after each day ends; the time that takes is printed too), the
-way an export of a fleet's history runs.
+way an export of a fleet's history runs. Last, what the triggers that keep built days true cost an
+HQE's status change (the heartbeat's), in a transaction rolled back: 100,000 HQEs whose runs started
+on an old day (each marks its day unbuilt) and today (each only looks), against the triggers off.
 
 Run: `DATABASE_URL=postgres://.../THROWAWAY .venv/bin/python bench/timeline.py [--intervals N]`.
 PostgreSQL only (the rows are made with generate_series); the database is migrated and filled.
@@ -22,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.support import setup_django  # noqa: E402
@@ -29,7 +32,7 @@ from bench.support import setup_django  # noqa: E402
 setup_django("master")
 
 from django.core.management import call_command  # noqa: E402
-from django.db import connection  # noqa: E402
+from django.db import connection, transaction  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from master import services  # noqa: E402
@@ -132,6 +135,37 @@ def main() -> None:
         "met" if targets else "MISSED",
         f"({whole['seconds']:.1f} s with no day built)",
         "- load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()),
+    )
+    trigger_cost()
+
+
+TRIGGERS = ("master_hqe_unbuild_update", "master_interval_unbuild_update")
+
+
+def trigger_cost(rows: int = 100_000) -> None:
+    """Microseconds per HQE status change with the built days' triggers and without, rolled back."""
+
+    def timed(cursor: Any) -> float:
+        started = time.perf_counter()
+        cursor.execute("UPDATE common_hostqueueentry SET status = 'Aborted' WHERE id <= %s", [rows])
+        cursor.execute("UPDATE common_hostqueueentry SET status = 'Completed' WHERE id <= %s", [rows])
+        return (time.perf_counter() - started) / (2 * rows) * 1e6
+
+    def triggers(cursor: Any, on: bool) -> None:
+        for name, table in zip(TRIGGERS, ("common_hostqueueentry", "master_interval"), strict=True):
+            cursor.execute(f"ALTER TABLE {table} {'ENABLE' if on else 'DISABLE'} TRIGGER {name}")
+
+    with transaction.atomic(), connection.cursor() as cursor:
+        old = timed(cursor)
+        triggers(cursor, False)
+        off = timed(cursor)
+        cursor.execute('UPDATE master_interval SET start = now(), "end" = now() WHERE hqe_id <= %s', [rows])
+        triggers(cursor, True)
+        today = timed(cursor)
+        transaction.set_rollback(True)
+    print(
+        f"an HQE status change: {off:.1f} us without the triggers, {today:.1f} us with them (today's run), "
+        f"{old:.1f} us (an old day's run: it marks the day unbuilt); {rows} rows, rolled back"
     )
 
 

@@ -94,7 +94,7 @@ from master.results.models import (  # noqa: E402
     TestEntry,
     TestRun,
 )
-from master.timeline.models import Interval, RunTrace, TraceDay, TracePiece  # noqa: E402
+from master.timeline.models import Interval, RunTrace, TraceChange, TraceDay, TracePiece  # noqa: E402
 
 __all__ = [
     "Artifact",
@@ -116,6 +116,7 @@ __all__ = [
     "TestEntry",
     "TestRun",
     "Token",
+    "TraceChange",
     "TraceDay",
     "TracePiece",
 ]

@@ -1,12 +1,14 @@
-"""Days of the timeline built once (master/timeline/days.py), and the triggers that mark a day unbuilt
-when anything its slices show changes: its intervals (inserted, changed, deleted), the HQE a run's
-slice names (status, failure, exit code; deleted) or its job (name, owner; deleted). Triggers, not
-the services: every writer goes through them, the heartbeat's bulk statements, the admin and a
-`manage.py shell` alike. A change marks its day in its own transaction, taking the day's row lock,
-so a builder reading the day meanwhile is either waited for or waits.
+"""Days of the timeline built once (master/timeline/days.py), and the triggers that note a change to
+what a day before today shows, in the changing transaction: its intervals (inserted, changed,
+deleted), an HQE whose run started that day (inserted, its status, failure, exit code or start
+changed, deleted: a run's interval starts when its HQE did), a job whose intervals it holds (inserted,
+renamed, its owner changed, deleted). Triggers, not the services: every writer goes through them,
+the heartbeat's bulk statements, the admin, a restore and a `manage.py shell` alike.
 
-Only days before today (UTC, by the database's clock) are watched: today's intervals, which every
-heartbeat writes, cost the trigger's check and no write (a day is built an hour after it ends).
+A change is a row appended to master_tracechange, one a day and transaction at most: writers never
+update a shared row, so they never wait for each other or deadlock. Only days before today (UTC, by
+the database's clock) are watched: today's intervals and HQEs, which every heartbeat writes, cost the
+trigger's WHEN and nothing more (a day is built an hour after it ends).
 Django's SQLite schema editor drops a table's triggers when it rebuilds the table (an AlterField):
 a later migration that rebuilds master_interval, common_hostqueueentry or common_job must create
 them again (tests/master/timeline/test_days.py fails on SQLite if it does not)."""
@@ -17,112 +19,128 @@ import django.db.models.deletion
 from django.db import migrations, models
 
 
-_PG_UNBUILD = (
-    "INSERT INTO master_traceday (day, built, format, intervals)"
-    " VALUES (floor(extract(epoch FROM t) / 86400)::integer, false, 0, 0)"
-    " ON CONFLICT (day) DO UPDATE SET built = false"
-)
 _PG_TODAY = "date_trunc('day', clock_timestamp(), 'UTC')"
+_PG_CHANGED = """
+    INSERT INTO master_tracechange (day, xact)
+    SELECT c.day, c.xact FROM (
+        SELECT floor(extract(epoch FROM t) / 86400)::integer AS day, pg_current_xact_id()::text::bigint AS xact
+    ) AS c
+    WHERE NOT EXISTS (SELECT 1 FROM master_tracechange m WHERE m.day = c.day AND m.xact = c.xact)
+"""
+
+
+def _pg_rows(old: str, new: str) -> str:
+    """A trigger function's body noting the days of OLD's `old` and NEW's `new` times, where watched."""
+    return f"""
+    BEGIN
+        IF TG_OP <> 'INSERT' AND OLD.{old} < {_PG_TODAY} THEN
+            PERFORM master_trace_changed(OLD.{old});
+        END IF;
+        IF TG_OP <> 'DELETE' AND NEW.{new} < {_PG_TODAY} THEN
+            PERFORM master_trace_changed(NEW.{new});
+        END IF;
+        RETURN NULL;
+    END
+    """
+
+
+_HQE_SHOWN = ("status", "failure", "exit_code", "started_on", "id")
+_JOB_SHOWN = ("name", "owner", "id")
+
+
+def _pg_changed_any(columns: tuple[str, ...]) -> str:
+    return " OR ".join(f"OLD.{c} IS DISTINCT FROM NEW.{c}" for c in columns)
+
+
 POSTGRESQL = [
-    f"CREATE FUNCTION master_trace_unbuild(t timestamptz) RETURNS void LANGUAGE sql AS $$ {_PG_UNBUILD} $$",
+    f"CREATE FUNCTION master_trace_changed(t timestamptz) RETURNS void LANGUAGE sql AS $${_PG_CHANGED}$$",
+    f"CREATE FUNCTION master_interval_changed() RETURNS trigger LANGUAGE plpgsql AS $${_pg_rows('start', 'start')}$$",
+    "CREATE TRIGGER master_interval_changed_insert AFTER INSERT ON master_interval FOR EACH ROW"
+    f" WHEN (NEW.start < {_PG_TODAY}) EXECUTE FUNCTION master_interval_changed()",
+    "CREATE TRIGGER master_interval_changed_update AFTER UPDATE ON master_interval FOR EACH ROW"
+    f" WHEN (OLD.start < {_PG_TODAY} OR NEW.start < {_PG_TODAY}) EXECUTE FUNCTION master_interval_changed()",
+    "CREATE TRIGGER master_interval_changed_delete AFTER DELETE ON master_interval FOR EACH ROW"
+    f" WHEN (OLD.start < {_PG_TODAY}) EXECUTE FUNCTION master_interval_changed()",
+    f"CREATE FUNCTION master_hqe_changed() RETURNS trigger LANGUAGE plpgsql AS $${_pg_rows('started_on', 'started_on')}$$",
+    "CREATE TRIGGER master_hqe_changed_insert AFTER INSERT ON common_hostqueueentry FOR EACH ROW"
+    f" WHEN (NEW.started_on < {_PG_TODAY}) EXECUTE FUNCTION master_hqe_changed()",
+    f"CREATE TRIGGER master_hqe_changed_update AFTER UPDATE OF {', '.join(_HQE_SHOWN)} ON common_hostqueueentry"
+    f" FOR EACH ROW WHEN ((OLD.started_on < {_PG_TODAY} OR NEW.started_on < {_PG_TODAY})"
+    f" AND ({_pg_changed_any(_HQE_SHOWN)})) EXECUTE FUNCTION master_hqe_changed()",
+    "CREATE TRIGGER master_hqe_changed_delete AFTER DELETE ON common_hostqueueentry FOR EACH ROW"
+    f" WHEN (OLD.started_on < {_PG_TODAY}) EXECUTE FUNCTION master_hqe_changed()",
     f"""
-    CREATE FUNCTION master_interval_unbuild() RETURNS trigger LANGUAGE plpgsql AS $$
+    CREATE FUNCTION master_job_changed() RETURNS trigger LANGUAGE plpgsql AS $$
     BEGIN
-        IF TG_OP <> 'INSERT' AND OLD.start < {_PG_TODAY} THEN
-            PERFORM master_trace_unbuild(OLD.start);
-        END IF;
-        IF TG_OP <> 'DELETE' AND NEW.start < {_PG_TODAY} THEN
-            PERFORM master_trace_unbuild(NEW.start);
-        END IF;
+        PERFORM master_trace_changed(start) FROM master_interval
+        WHERE (job_id = OLD.id OR job_id = NEW.id) AND start < {_PG_TODAY};
         RETURN NULL;
     END $$
     """,
-    "CREATE TRIGGER master_interval_unbuild_insert AFTER INSERT ON master_interval FOR EACH ROW"
-    f" WHEN (NEW.start < {_PG_TODAY}) EXECUTE FUNCTION master_interval_unbuild()",
-    "CREATE TRIGGER master_interval_unbuild_update AFTER UPDATE ON master_interval FOR EACH ROW"
-    f" WHEN (OLD.start < {_PG_TODAY} OR NEW.start < {_PG_TODAY}) EXECUTE FUNCTION master_interval_unbuild()",
-    "CREATE TRIGGER master_interval_unbuild_delete AFTER DELETE ON master_interval FOR EACH ROW"
-    f" WHEN (OLD.start < {_PG_TODAY}) EXECUTE FUNCTION master_interval_unbuild()",
-    f"""
-    CREATE FUNCTION master_hqe_unbuild() RETURNS trigger LANGUAGE plpgsql AS $$
-    BEGIN
-        PERFORM master_trace_unbuild(start) FROM master_interval WHERE hqe_id = OLD.id AND start < {_PG_TODAY};
-        RETURN NULL;
-    END $$
-    """,
-    "CREATE TRIGGER master_hqe_unbuild_update AFTER UPDATE OF status, failure, exit_code ON common_hostqueueentry"
-    " FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status OR OLD.failure IS DISTINCT FROM NEW.failure"
-    " OR OLD.exit_code IS DISTINCT FROM NEW.exit_code) EXECUTE FUNCTION master_hqe_unbuild()",
-    "CREATE TRIGGER master_hqe_unbuild_delete AFTER DELETE ON common_hostqueueentry FOR EACH ROW"
-    " EXECUTE FUNCTION master_hqe_unbuild()",
-    f"""
-    CREATE FUNCTION master_job_unbuild() RETURNS trigger LANGUAGE plpgsql AS $$
-    BEGIN
-        PERFORM master_trace_unbuild(start) FROM master_interval WHERE job_id = OLD.id AND start < {_PG_TODAY};
-        RETURN NULL;
-    END $$
-    """,
-    "CREATE TRIGGER master_job_unbuild_update AFTER UPDATE OF name, owner ON common_job FOR EACH ROW"
-    " WHEN (OLD.name IS DISTINCT FROM NEW.name OR OLD.owner IS DISTINCT FROM NEW.owner)"
-    " EXECUTE FUNCTION master_job_unbuild()",
-    "CREATE TRIGGER master_job_unbuild_delete AFTER DELETE ON common_job FOR EACH ROW EXECUTE FUNCTION master_job_unbuild()",
+    "CREATE TRIGGER master_job_changed_insert AFTER INSERT ON common_job FOR EACH ROW"
+    " EXECUTE FUNCTION master_job_changed()",
+    f"CREATE TRIGGER master_job_changed_update AFTER UPDATE OF {', '.join(_JOB_SHOWN)} ON common_job FOR EACH ROW"
+    f" WHEN ({_pg_changed_any(_JOB_SHOWN)}) EXECUTE FUNCTION master_job_changed()",
+    "CREATE TRIGGER master_job_changed_delete AFTER DELETE ON common_job FOR EACH ROW"
+    " EXECUTE FUNCTION master_job_changed()",
 ]
+_TRIGGERS = {
+    "master_interval": ("master_interval_changed", ("insert", "update", "delete")),
+    "common_hostqueueentry": ("master_hqe_changed", ("insert", "update", "delete")),
+    "common_job": ("master_job_changed", ("insert", "update", "delete")),
+}
 POSTGRESQL_REVERSE = [
-    "DROP TRIGGER master_job_unbuild_delete ON common_job",
-    "DROP TRIGGER master_job_unbuild_update ON common_job",
-    "DROP FUNCTION master_job_unbuild()",
-    "DROP TRIGGER master_hqe_unbuild_delete ON common_hostqueueentry",
-    "DROP TRIGGER master_hqe_unbuild_update ON common_hostqueueentry",
-    "DROP FUNCTION master_hqe_unbuild()",
-    "DROP TRIGGER master_interval_unbuild_delete ON master_interval",
-    "DROP TRIGGER master_interval_unbuild_update ON master_interval",
-    "DROP TRIGGER master_interval_unbuild_insert ON master_interval",
-    "DROP FUNCTION master_interval_unbuild()",
-    "DROP FUNCTION master_trace_unbuild(timestamptz)",
+    *(
+        f"DROP TRIGGER {function}_{event} ON {table}"
+        for table, (function, events) in _TRIGGERS.items()
+        for event in events
+    ),
+    *(f"DROP FUNCTION {function}()" for function, _ in _TRIGGERS.values()),
+    "DROP FUNCTION master_trace_changed(timestamptz)",
 ]
-# SQLite keeps times as UTC text ("YYYY-MM-DD HH:MM:SS[.ffffff]"), which sorts as the times do.
+# SQLite keeps times as UTC text ("YYYY-MM-DD HH:MM:SS[.ffffff]"), which sorts as the times do; the
+# day comes from the whole seconds (strftime would round the fraction, 23:59:59.9996 to the next day).
 _SQLITE_TODAY = "strftime('%Y-%m-%d 00:00:00', 'now')"
 
 
-def _sqlite_unbuild(start: str, source: str = "", where: str = "") -> str:
-    """An upsert marking unbuilt the day of `start` (of `source`'s rows, when given) before today."""
-    day = f"CAST(strftime('%s', {start}) AS INTEGER) / 86400"
-    rows = f" FROM {source} WHERE {where} AND" if source else " WHERE"
+def _sqlite_changed(time: str, source: str = "", where: str = "") -> str:
+    """Notes the day of `time` (of `source`'s rows, when given) if before today and not noted since
+    its last build: SQLite has one writer at a time, so a change after a build is one it did not read."""
+    day = f"CAST(strftime('%s', substr({time}, 1, 19)) AS INTEGER) / 86400"
+    rows = f"FROM {source} WHERE ({where}) AND" if source else "WHERE"
     return (
-        f"INSERT INTO master_traceday (day, built, format, intervals) SELECT {day}, 0, 0, 0{rows} {start} < {_SQLITE_TODAY}"
-        " ON CONFLICT (day) DO UPDATE SET built = 0;"
+        "INSERT INTO master_tracechange (day, xact) SELECT DISTINCT c.day, 0 FROM"
+        f" (SELECT {day} AS day {rows} {time} < {_SQLITE_TODAY}) AS c"
+        " WHERE NOT EXISTS (SELECT 1 FROM master_tracechange m WHERE m.day = c.day AND m.id >"
+        " COALESCE((SELECT as_of FROM master_traceday t WHERE t.day = c.day), 0));"
     )
 
 
+_HQE_CHANGED = " OR ".join(f"OLD.{c} IS NOT NEW.{c}" for c in _HQE_SHOWN)
+_JOB_CHANGED = " OR ".join(f"OLD.{c} IS NOT NEW.{c}" for c in _JOB_SHOWN)
+_JOB_DAYS = ("start", "master_interval")
 SQLITE = [
-    f"CREATE TRIGGER master_interval_unbuild_insert AFTER INSERT ON master_interval"
-    f" BEGIN {_sqlite_unbuild('NEW.start')} END",
-    f"CREATE TRIGGER master_interval_unbuild_update AFTER UPDATE ON master_interval"
-    f" BEGIN {_sqlite_unbuild('OLD.start')} {_sqlite_unbuild('NEW.start')} END",
-    f"CREATE TRIGGER master_interval_unbuild_delete AFTER DELETE ON master_interval"
-    f" BEGIN {_sqlite_unbuild('OLD.start')} END",
-    "CREATE TRIGGER master_hqe_unbuild_update AFTER UPDATE OF status, failure, exit_code ON common_hostqueueentry"
-    " WHEN OLD.status IS NOT NEW.status OR OLD.failure IS NOT NEW.failure OR OLD.exit_code IS NOT NEW.exit_code"
-    f" BEGIN {_sqlite_unbuild('start', 'master_interval', 'hqe_id = OLD.id')} END",
-    "CREATE TRIGGER master_hqe_unbuild_delete AFTER DELETE ON common_hostqueueentry"
-    f" BEGIN {_sqlite_unbuild('start', 'master_interval', 'hqe_id = OLD.id')} END",
-    "CREATE TRIGGER master_job_unbuild_update AFTER UPDATE OF name, owner ON common_job"
-    " WHEN OLD.name IS NOT NEW.name OR OLD.owner IS NOT NEW.owner"
-    f" BEGIN {_sqlite_unbuild('start', 'master_interval', 'job_id = OLD.id')} END",
-    "CREATE TRIGGER master_job_unbuild_delete AFTER DELETE ON common_job"
-    f" BEGIN {_sqlite_unbuild('start', 'master_interval', 'job_id = OLD.id')} END",
+    f"CREATE TRIGGER master_interval_changed_insert AFTER INSERT ON master_interval"
+    f" BEGIN {_sqlite_changed('NEW.start')} END",
+    f"CREATE TRIGGER master_interval_changed_update AFTER UPDATE ON master_interval"
+    f" BEGIN {_sqlite_changed('OLD.start')} {_sqlite_changed('NEW.start')} END",
+    f"CREATE TRIGGER master_interval_changed_delete AFTER DELETE ON master_interval"
+    f" BEGIN {_sqlite_changed('OLD.start')} END",
+    "CREATE TRIGGER master_hqe_changed_insert AFTER INSERT ON common_hostqueueentry"
+    f" BEGIN {_sqlite_changed('NEW.started_on')} END",
+    f"CREATE TRIGGER master_hqe_changed_update AFTER UPDATE OF {', '.join(_HQE_SHOWN)} ON common_hostqueueentry"
+    f" WHEN {_HQE_CHANGED} BEGIN {_sqlite_changed('OLD.started_on')} {_sqlite_changed('NEW.started_on')} END",
+    "CREATE TRIGGER master_hqe_changed_delete AFTER DELETE ON common_hostqueueentry"
+    f" BEGIN {_sqlite_changed('OLD.started_on')} END",
+    "CREATE TRIGGER master_job_changed_insert AFTER INSERT ON common_job"
+    f" BEGIN {_sqlite_changed(*_JOB_DAYS, 'job_id = NEW.id')} END",
+    f"CREATE TRIGGER master_job_changed_update AFTER UPDATE OF {', '.join(_JOB_SHOWN)} ON common_job"
+    f" WHEN {_JOB_CHANGED} BEGIN {_sqlite_changed(*_JOB_DAYS, 'job_id = OLD.id OR job_id = NEW.id')} END",
+    "CREATE TRIGGER master_job_changed_delete AFTER DELETE ON common_job"
+    f" BEGIN {_sqlite_changed(*_JOB_DAYS, 'job_id = OLD.id')} END",
 ]
 SQLITE_REVERSE = [
-    f"DROP TRIGGER {name}"
-    for name in (
-        "master_job_unbuild_delete",
-        "master_job_unbuild_update",
-        "master_hqe_unbuild_delete",
-        "master_hqe_unbuild_update",
-        "master_interval_unbuild_delete",
-        "master_interval_unbuild_update",
-        "master_interval_unbuild_insert",
-    )
+    f"DROP TRIGGER {function}_{event}" for function, events in _TRIGGERS.values() for event in events
 ]
 
 
@@ -147,10 +165,22 @@ class Migration(migrations.Migration):
                 ('day', models.IntegerField(help_text="Days since 1970-01-01 (UTC) of the intervals' start.", primary_key=True, serialize=False)),
                 ('built', models.BooleanField(default=False)),
                 ('format', models.PositiveSmallIntegerField(default=0, help_text="The slices' format it was built in.")),
+                ('as_of', models.BigIntegerField(default=0, help_text='The newest TraceChange its pieces include.')),
                 ('intervals', models.PositiveIntegerField(default=0)),
                 ('max_end', models.DateTimeField(blank=True, help_text='The latest end of its slices.', null=True)),
                 ('built_on', models.DateTimeField(blank=True, null=True)),
             ],
+        ),
+        migrations.CreateModel(
+            name='TraceChange',
+            fields=[
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('day', models.IntegerField()),
+                ('xact', models.BigIntegerField(default=0)),
+            ],
+            options={
+                'indexes': [models.Index(fields=['day', 'id'], name='tracechange_day_idx'), models.Index(fields=['day', 'xact'], name='tracechange_day_xact_idx')],
+            },
         ),
         migrations.CreateModel(
             name='TracePiece',

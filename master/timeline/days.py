@@ -1,4 +1,4 @@
-"""Closed days of the timeline, built once (docs/design.md, "Timelines: built days").
+"""Closed days of the timeline, built once (docs/design.md, "Timelines", built days).
 
 An export formatted every slice (in the database) and compressed it (here) again at each export: a
 million intervals took seconds of both. A day whose intervals have ended changes rarely, so its
@@ -6,15 +6,19 @@ slices' text is built once, as raw deflate pieces (master.timeline.deflate) that
 splices in unchanged and a JSON one inflates.
 
 - A day is a UTC day of intervals' starts; it is built an hour after it ends (COOL), by a thread of
-  each `serve` worker (FLEETSHARD_SERVE_BACKGROUND) or by `build_due`. Open intervals are not in it.
-- Whatever changes what a built day's slices show marks it unbuilt in the change's own transaction:
-  database triggers (migration 0014) on its intervals and on the HQEs and jobs they name. Only days
-  before today are watched, so today's intervals, which every heartbeat writes, cost no extra write.
-- The builder takes the day's row lock before it reads: a change to the day waits for the build and
-  then marks it unbuilt, or commits first and is read.
-- An export splices in the built days its window covers whole, whose slices all end before it does,
-  and reads everything else as before (today, open intervals, days not built yet). An export narrowed
-  to shards, a label or jobs reads everything as before.
+  each `serve` worker (FLEETSHARD_SERVE_BACKGROUND) or by `manage.py build_trace_days` (with
+  FLEETSHARD_TRACE_DAYS_IN_SERVE=0). Open intervals are not in it.
+- Whatever changes what a day before today shows appends a TraceChange in the changing transaction
+  (database triggers, migration 0014); a built day whose `as_of` is older than its newest change is
+  stale, read as if not built until built again. Today's intervals, which every heartbeat writes,
+  append nothing.
+- A build first waits until every change it can see the number of has committed (PostgreSQL: a
+  moment's SHARE lock on the changes, which waits for their writers in flight), then reads: it holds
+  every change up to that number, and one made later has a higher number and makes the day stale.
+  Builders of one day take turns on its row; writers never wait for them.
+- An export splices in the built, current days its window holds whole, whose slices all end before it
+  does, and reads everything else as before (today, open intervals, days stale or not built yet). An
+  export narrowed to shards, a label or jobs reads everything as before.
 """
 
 import logging
@@ -23,13 +27,13 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 from django.db import close_old_connections, connection, transaction
-from django.db.models import Count, Max, Min, Q
+from django.db.models import Count, Exists, Max, Min, OuterRef, Q
 from django.utils import timezone
 
 from common.loop import Backoff, run_until_stopped
 from master.timeline import deflate
 from master.timeline.deflate import Packed
-from master.timeline.models import Interval, TraceDay, TracePiece
+from master.timeline.models import Interval, TraceChange, TraceDay, TracePiece
 from master.timeline.query import Scope, selected
 from master.timeline.slices import slice_texts
 
@@ -39,7 +43,7 @@ FORMAT = 1  # the slices' format (master.timeline.slices): days built in another
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 DAY = timedelta(days=1)
 COOL = timedelta(hours=1)  # a day is built this long after it ends: its last runs are reported by then
-PIECE_CHARS = 4 << 20  # a piece's text, at most about (a piece is read whole)
+PIECE_CHARS = 1 << 20  # a piece's text, about: read whole, and it leaves an export as one chunk
 PIECE_LEVEL = 9  # built once: the smallest
 DAYS_A_PASS = 30
 INTERVAL_S = 60.0
@@ -54,34 +58,55 @@ def start_of(day: int) -> datetime:
     return EPOCH + day * DAY
 
 
+def _current() -> Q:
+    """Built in this format, and nothing changed since."""
+    newer = TraceChange.objects.filter(day=OuterRef("day"), id__gt=OuterRef("as_of"))
+    return Q(built=True, format=FORMAT) & ~Q(Exists(newer))
+
+
 def due(now: datetime) -> list[int]:
-    """The days from the first interval's to the last that ended COOL ago which are not built."""
+    """The days from the first interval's to the last that ended COOL ago which are not built and
+    current."""
     first = Interval.objects.aggregate(t=Min("start"))["t"]
     if first is None:
         return []
     lo, hi = day_of(first), day_of(now - COOL) - 1
-    built = set(
-        TraceDay.objects.filter(built=True, format=FORMAT, day__gte=lo, day__lte=hi).values_list("day", flat=True)
-    )
-    return [d for d in range(lo, hi + 1) if d not in built]
+    current = set(TraceDay.objects.filter(_current(), day__gte=lo, day__lte=hi).values_list("day", flat=True))
+    return [d for d in range(lo, hi + 1) if d not in current]
 
 
-@transaction.atomic
 def build(day: int, now: datetime | None = None) -> bool:
-    """Builds `day` unless it is built in this format already; returns whether it built it."""
+    """Builds `day` unless it is built and current; returns whether it built it."""
     now = now or timezone.now()
     if day > day_of(now - COOL) - 1:
         raise ValueError(f"day {day} ({start_of(day):%Y-%m-%d}) has not ended {COOL} ago")
+    return _build(day, _settled_change(), now)
+
+
+def _settled_change() -> int:
+    """The newest change whose writer, and the writer of every older one, has committed. On
+    PostgreSQL a change's number is drawn before its transaction commits, so one in flight could
+    commit later with a lower number: the SHARE lock waits for those writers, then lets them go."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SET LOCAL lock_timeout = '30s'")
+            cursor.execute("LOCK TABLE master_tracechange IN SHARE MODE")
+        cursor.execute("SELECT COALESCE(MAX(id), 0) FROM master_tracechange")
+        return int(cursor.fetchone()[0])
+
+
+@transaction.atomic
+def _build(day: int, settled: int, now: datetime) -> bool:
     with connection.cursor() as cursor:
-        # The day's row lock, held to the commit (the triggers take it too): see the module's docstring.
+        # The day's row, locked to the commit: builders of one day take turns (writers never take it).
         cursor.execute(
-            "INSERT INTO master_traceday (day, built, format, intervals) VALUES (%s, FALSE, 0, 0)"
+            "INSERT INTO master_traceday (day, built, format, as_of, intervals) VALUES (%s, FALSE, 0, 0, 0)"
             " ON CONFLICT (day) DO UPDATE SET built = master_traceday.built",
             [day],
         )
-    row = TraceDay.objects.get(day=day)
-    if row.built and row.format == FORMAT:
+    if TraceDay.objects.filter(_current(), day=day).exists():
         return False
+    row = TraceDay.objects.get(day=day)
     TracePiece.objects.filter(day=row).delete()
     on_day = Q(start__gte=start_of(day), start__lt=start_of(day + 1))
     closed = selected(Scope(_UNCLIPPED)).filter(on_day, end__isnull=False)
@@ -95,9 +120,10 @@ def build(day: int, now: datetime | None = None) -> bool:
     if chars:
         _write_piece(row, seq, texts)
     counted = closed.aggregate(n=Count("id"), end=Max("end"))
-    row.built, row.format, row.built_on = True, FORMAT, now
+    row.built, row.format, row.as_of, row.built_on = True, FORMAT, settled, now
     row.intervals, row.max_end = counted["n"], counted["end"]
     row.save()
+    TraceChange.objects.filter(day=day, id__lte=settled).delete()  # held by the build now
     return True
 
 
@@ -108,10 +134,16 @@ def _write_piece(day: TraceDay, seq: int, texts: list[str]) -> None:
 
 
 def build_due(now: datetime | None = None, limit: int = DAYS_A_PASS) -> tuple[int, int]:
-    """Builds up to `limit` due days; returns how many it built and how many are still due."""
+    """Builds up to `limit` due days; returns how many it built and how many are still due. A day
+    that fails to build is logged and left for the next pass, not in the way of the days after it."""
     now = now or timezone.now()
     days = due(now)
-    built = sum(build(day, now) for day in days[:limit])
+    built = 0
+    for day in days[:limit]:
+        try:
+            built += build(day, now)
+        except Exception:
+            log.exception("trace day %d (%s) failed to build; tried again on the next pass", day, start_of(day).date())
     return built, max(0, len(days) - limit)
 
 
@@ -120,7 +152,7 @@ def covering(s: Scope) -> list[TraceDay]:
     the window does (a slice is clipped to it otherwise); none for a narrowed export."""
     if s.shards or s.label is not None or s.jobs:
         return []
-    days = TraceDay.objects.filter(built=True, format=FORMAT, day__lte=day_of(s.end)).order_by("day")
+    days = TraceDay.objects.filter(_current(), day__lte=day_of(s.end)).order_by("day")
     if s.since is not None:
         days = days.filter(day__gt=day_of(s.since))  # the day's start after `since`
     return [d for d in days if start_of(d.day) < s.end and (d.max_end is None or d.max_end < s.end)]

@@ -95,13 +95,13 @@ class RunTrace(models.Model):
 
 class TraceDay(models.Model):
     """A UTC day of the timeline whose closed intervals' slices are built once (master.timeline.days):
-    the export splices its pieces in instead of formatting and compressing the day again. A row also
-    serves as the day's lock: the builder holds it while it reads, and a change to the day (its
-    intervals, or the HQE or job a slice names) marks it unbuilt through it (database triggers)."""
+    the export splices its pieces in instead of formatting and compressing the day again, unless a
+    change to the day came after the build (a TraceChange newer than `as_of`)."""
 
     day = models.IntegerField(primary_key=True, help_text="Days since 1970-01-01 (UTC) of the intervals' start.")
     built = models.BooleanField(default=False)
     format = models.PositiveSmallIntegerField(default=0, help_text="The slices' format it was built in.")
+    as_of = models.BigIntegerField(default=0, help_text="The newest TraceChange its pieces include.")
     intervals = models.PositiveIntegerField(default=0)
     max_end = models.DateTimeField(null=True, blank=True, help_text="The latest end of its slices.")
     built_on = models.DateTimeField(null=True, blank=True)
@@ -129,3 +129,23 @@ class TracePiece(models.Model):
 
     def __str__(self) -> str:
         return f"piece {self.seq} of trace day {self.day_id}"
+
+
+class TraceChange(models.Model):
+    """A change to what a day before today shows, written by database triggers (migration 0014) in the
+    changing transaction: appended, never updated, so writers never wait for each other. One a day
+    and transaction at most (`xact`, PostgreSQL's transaction id; 0 on SQLite, whose triggers skip a
+    day already marked since its build)."""
+
+    day = models.IntegerField()
+    xact = models.BigIntegerField(default=0)
+
+    class Meta:
+        app_label = "master"
+        indexes = [
+            models.Index(fields=["day", "id"], name="tracechange_day_idx"),
+            models.Index(fields=["day", "xact"], name="tracechange_day_xact_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"change {self.id} to trace day {self.day}"

@@ -46,8 +46,9 @@ def slice_texts(rows: Any, *, batched: bool = False) -> Iterator[str]:
         f"""',"ph":"X","pid":' || COALESCE(p, {NO_SHARD}) || ',"tid":' || t || ',"ts":' || ts || ',"dur":' || """
         "(CASE WHEN te > ts THEN te - ts ELSE 0 END)"
     )
+    name = _quoted("COALESCE(nm, 'job ' || j, 'run')")  # a run's job, its id once deleted
     line = (
-        f"""CASE WHEN k = 'run' THEN '{{"name":' || {_quoted("COALESCE(nm, 'job ' || j)")} || ',"cat":"run"' || """
+        f"""CASE WHEN k = 'run' THEN '{{"name":' || {name} || ',"cat":"run"' || """
         f"""{common} || ',"args":{{"job":' || {_text("j")} || ',"hqe":' || {_text("q")} || """
         f"""',"owner":' || {_quoted("COALESCE(ow, '')")} || ',"status":' || {_quoted("COALESCE(st, '')")} || """
         f"""',"failure":' || {_quoted("COALESCE(fl, '')")} || ',"exit_code":' || {_text("ec")} || '}}}}' """

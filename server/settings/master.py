@@ -103,8 +103,13 @@ FLEETSHARD_SERVE_BACKGROUND = (
     )
     # The notification sender (docs/notifications.md), unless `manage.py send_notifications` runs it.
     + (["master.notify.sender.start_sender_thread"] if os.environ.get("FLEETSHARD_NOTIFY_IN_SERVE", "1") != "0" else [])
-    # The timeline's closed days, built once for the export (master/timeline/days.py).
-    + ["master.timeline.days.start_builder_thread"]
+    # The timeline's closed days, built once for the export (master/timeline/days.py), unless
+    # `manage.py build_trace_days` builds them.
+    + (
+        ["master.timeline.days.start_builder_thread"]
+        if os.environ.get("FLEETSHARD_TRACE_DAYS_IN_SERVE", "1") != "0"
+        else []
+    )
 )
 
 # Notifications (docs/notifications.md): webhooks to loopback and private addresses only with this 1;

@@ -15,7 +15,7 @@ from django.utils import timezone
 from common.models import Host, HostQueueEntry, Job, Shard
 from master.timeline import days, slices
 from master.timeline.export import gzipped, trace_chunks, trace_events, trace_pieces
-from master.timeline.models import Interval, TraceDay, TracePiece
+from master.timeline.models import Interval, TraceChange, TraceDay, TracePiece
 from master.timeline.query import Scope, scope
 from tests.master.timeline.factories import T0, add_run, add_state
 from tests.master.timeline.validate import validate
@@ -216,7 +216,7 @@ CHANGES = {
 
 
 @pytest.mark.parametrize("change", list(CHANGES), ids=lambda c: c.__name__.strip("_"))
-def test_a_change_to_a_built_day_marks_it_unbuilt_and_the_export_follows(week, change):
+def test_a_change_to_a_built_day_makes_it_stale_and_the_export_follows(week, change):
     run = Interval.objects.get(job__name="bad")
     ids = {
         "run": run.id,
@@ -227,32 +227,41 @@ def test_a_change_to_a_built_day_marks_it_unbuilt_and_the_export_follows(week, c
     days.build_due(NOW)
     Host.objects.filter(hostname="c1").update(shard=Shard.objects.get(hostname="lab1"))
     change(ids)
-    unbuilt = {day(CHANGES[change])} | ({day(3)} if change is _move_a_run else set())
-    assert set(TraceDay.objects.filter(built=False).values_list("day", flat=True)) >= unbuilt
-    assert set(TraceDay.objects.filter(built=True).values_list("day", flat=True)).isdisjoint(unbuilt)
+    stale = {day(CHANGES[change])} | ({day(3)} if change is _move_a_run else set())
+    assert stale <= set(days.due(NOW))
+    assert not stale & {d.day for d in days.covering(scope(NOW))}
     s = scope(NOW)
     assert events_of(exported_gzipped(s)) == events_read_whole(s)
     days.build_due(NOW)
-    assert set(TraceDay.objects.filter(built=False).values_list("day", flat=True)).isdisjoint(unbuilt)
+    assert not stale & set(days.due(NOW))
     assert events_of(exported_gzipped(s)) == events_read_whole(s)
 
 
-def test_todays_intervals_and_their_hqes_write_no_day(fleet):
-    """Every heartbeat writes today's intervals: the triggers only look at their start."""
+def test_todays_intervals_and_their_hqes_note_no_change(fleet):
+    """Every heartbeat writes today's intervals and HQEs: the triggers only look at their start."""
     run = add_run("a1", t(0, 0.001), None)
     run.end = timezone.now()
     run.save()
     HostQueueEntry.objects.filter(id=run.hqe_id).update(status="Completed")
     Job.objects.filter(id=run.job_id).update(name="renamed")
-    assert not TraceDay.objects.filter(day=TODAY).exists()
+    assert not TraceChange.objects.exists()
 
 
-def test_an_unchanged_hqe_or_job_update_leaves_the_day_built(week):
+def test_a_transaction_notes_a_day_once_however_many_rows_it_changes(fleet):
+    from django.db import transaction
+
+    with transaction.atomic():
+        for i in range(50):
+            add_run("a1", t(2, i / 100), t(2, i / 100 + 0.005))
+    assert TraceChange.objects.filter(day=day(2)).count() == 1
+
+
+def test_an_unchanged_hqe_or_job_update_leaves_the_day_current(week):
     days.build_due(NOW)
     run = Interval.objects.get(job__name="bad")
     HostQueueEntry.objects.filter(id=run.hqe_id).update(log_tail="more output")
     Job.objects.filter(id=run.job_id).update(priority=10)
-    assert TraceDay.objects.get(day=day(3)).built
+    assert day(3) not in days.due(NOW)
 
 
 def _watch(target, *args):
@@ -273,9 +282,9 @@ def _watch(target, *args):
 
 
 @pytest.mark.postgres_only(reason="needs a build and a change on two connections at once")
-def test_a_change_during_a_build_waits_for_it_then_marks_the_day_unbuilt(fleet_committed, monkeypatch):
-    """Without the day's row lock the build would commit what it read before the change: a built day
-    that no longer says what its intervals do."""
+def test_a_change_during_a_build_does_not_wait_for_it_and_makes_the_day_stale(fleet_committed, monkeypatch):
+    """The build holds what changed before it began; a change while it reads is noted after, so the
+    day it commits is stale at once."""
     run = add_run("a1", t(2, 1), t(2, 2), name="before")
     reading, go = threading.Event(), threading.Event()
     texts = days.slice_texts
@@ -289,15 +298,15 @@ def test_a_change_during_a_build_waits_for_it_then_marks_the_day_unbuilt(fleet_c
     builder, build_errors = _watch(days.build, day(2), NOW)
     assert reading.wait(30)
     writer, write_errors = _watch(lambda: Job.objects.filter(id=run.job_id).update(name="after"))
-    time.sleep(0.5)
-    assert writer.is_alive(), "the change waits for the build's lock"
+    writer.join(10)
+    assert not writer.is_alive(), "a change does not wait for a build"
     go.set()
     builder.join(30)
-    writer.join(30)
     assert not build_errors and not write_errors
-    assert not TraceDay.objects.get(day=day(2)).built
-    assert days.build_due(NOW)[0] >= 1
+    assert day(2) in days.due(NOW)
     assert '"after"' in "".join(trace_chunks(scope(NOW)))
+    assert days.build_due(NOW)[0] >= 1
+    assert days.covering(scope(NOW)) and '"after"' in "".join(trace_chunks(scope(NOW)))
 
 
 @pytest.mark.postgres_only(reason="needs a build and a change on two connections at once")
@@ -322,7 +331,7 @@ def test_a_build_waits_for_a_change_in_flight_and_reads_it(fleet_committed):
     writer.join(30)
     builder.join(30)
     assert not build_errors and not write_errors
-    assert TraceDay.objects.get(day=day(2)).built
+    assert day(2) not in days.due(NOW)
     s = scope(NOW)
     assert days.covering(s) and '"after"' in "".join(trace_chunks(s))
     assert events_of(exported_json(s)) == events_read_whole(s)
