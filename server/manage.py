@@ -10,6 +10,7 @@ import sys
 # "Unknown command".
 ROLE_COMMANDS = {
     "create_token": "master",
+    "build_trace_days": "master",
     "detect_regressions": "master",
     "run_shard": "shard",
     "run_worker_manager": "shard",

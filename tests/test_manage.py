@@ -22,7 +22,12 @@ def test_a_bogus_role_names_the_valid_ones(tmp_path, command):
 
 @pytest.mark.parametrize(
     "role, command, needs",
-    [("shard", "create_token", "master"), ("shard", "detect_regressions", "master"), ("master", "run_shard", "shard")],
+    [
+        ("shard", "create_token", "master"),
+        ("shard", "detect_regressions", "master"),
+        ("shard", "build_trace_days", "master"),
+        ("master", "run_shard", "shard"),
+    ],
 )
 def test_a_command_of_the_other_role_says_which(tmp_path, role, command, needs):
     proc = Role(role, f"sqlite:///{tmp_path / 'x.sqlite3'}", tmp_path).manage(command, "x", check=False)
@@ -34,6 +39,7 @@ def test_a_command_of_the_other_role_says_which(tmp_path, role, command, needs):
     [
         ("master", ["create_token", "alice"]),
         ("master", ["detect_regressions", "--once"]),
+        ("master", ["build_trace_days", "--once"]),
         ("shard", ["run_shard"]),
     ],
 )

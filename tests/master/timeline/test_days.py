@@ -363,3 +363,20 @@ def test_a_day_with_a_slice_ending_after_now_is_read_whole(fleet):
     covered = [d.day for d in days.covering(s)]
     assert day(3) in covered and day(2) not in covered
     assert events_of(exported_gzipped(s)) == events_read_whole(s)
+
+
+def test_build_trace_days_once_builds_every_due_day(week, capsys):
+    from django.core.management import call_command
+
+    call_command("build_trace_days", "--once")
+    assert capsys.readouterr().out.strip() == "4 days built"
+    assert days.due(timezone.now()) == []
+    call_command("build_trace_days", "--once")
+    assert capsys.readouterr().out.strip() == "0 days built"
+
+
+def test_build_trace_days_refuses_a_bad_interval(db):
+    from django.core.management import call_command
+
+    with pytest.raises(Exception, match="--interval must be positive, got -1.0"):
+        call_command("build_trace_days", "--interval", "-1")
