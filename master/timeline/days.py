@@ -75,12 +75,13 @@ def due(now: datetime) -> list[int]:
     return [d for d in range(lo, hi + 1) if d not in current]
 
 
-def build(day: int, now: datetime | None = None) -> bool:
-    """Builds `day` unless it is built and current; returns whether it built it."""
+def build(day: int, now: datetime | None = None, settled: int | None = None) -> bool:
+    """Builds `day` unless it is built and current; returns whether it built it. `settled`: a number
+    `_settled_change` returned before (a pass takes one for all its days)."""
     now = now or timezone.now()
     if day > day_of(now - COOL) - 1:
         raise ValueError(f"day {day} ({start_of(day):%Y-%m-%d}) has not ended {COOL} ago")
-    return _build(day, _settled_change(), now)
+    return _build(day, _settled_change() if settled is None else settled, now)
 
 
 def _settled_change() -> int:
@@ -138,10 +139,12 @@ def build_due(now: datetime | None = None, limit: int = DAYS_A_PASS) -> tuple[in
     that fails to build is logged and left for the next pass, not in the way of the days after it."""
     now = now or timezone.now()
     days = due(now)
-    built = 0
+    if not days:
+        return 0, 0
+    settled, built = _settled_change(), 0
     for day in days[:limit]:
         try:
-            built += build(day, now)
+            built += build(day, now, settled)
         except Exception:
             log.exception("trace day %d (%s) failed to build; tried again on the next pass", day, start_of(day).date())
     return built, max(0, len(days) - limit)
