@@ -1,9 +1,11 @@
 """Days of the timeline built once (master/timeline/days.py), and the triggers that note a change to
 what a day before today shows, in the changing transaction: its intervals (inserted, changed,
-deleted), an HQE whose run started that day (inserted, its status, failure, exit code or start
-changed, deleted: a run's interval starts when its HQE did), a job whose intervals it holds (inserted,
-renamed, its owner changed, deleted). Triggers, not the services: every writer goes through them,
-the heartbeat's bulk statements, the admin, a restore and a `manage.py shell` alike.
+deleted); an HQE whose run started that day (inserted, its status, failure, exit code or start
+changed, deleted: a run's interval starts when its HQE did; its interval's day is noted too); a job
+whose intervals it holds (inserted, renamed, its owner changed, deleted; a rename locks the job's
+HQEs, so a run recorded meanwhile is waited for and its day noted). Triggers, not the services:
+every writer goes through them, the heartbeat's bulk statements, the admin, a restore and a
+`manage.py shell` alike.
 
 A change is a row appended to master_tracechange, one a day and transaction at most: writers never
 update a shared row, so they never wait for each other or deadlock. Only days before today (UTC, by
@@ -65,7 +67,21 @@ POSTGRESQL = [
     f" WHEN (OLD.start < {_PG_TODAY} OR NEW.start < {_PG_TODAY}) EXECUTE FUNCTION master_interval_changed()",
     "CREATE TRIGGER master_interval_changed_delete AFTER DELETE ON master_interval FOR EACH ROW"
     f" WHEN (OLD.start < {_PG_TODAY}) EXECUTE FUNCTION master_interval_changed()",
-    f"CREATE FUNCTION master_hqe_changed() RETURNS trigger LANGUAGE plpgsql AS $${_pg_rows('started_on', 'started_on')}$$",
+    f"""
+    CREATE FUNCTION master_hqe_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF TG_OP <> 'INSERT' AND OLD.started_on < {_PG_TODAY} THEN
+            PERFORM master_trace_changed(OLD.started_on);
+        END IF;
+        IF TG_OP <> 'DELETE' AND NEW.started_on < {_PG_TODAY} THEN
+            PERFORM master_trace_changed(NEW.started_on);
+        END IF;
+        -- Its run's interval too, should its start have been set apart from the HQE's.
+        PERFORM master_trace_changed(start) FROM master_interval
+        WHERE (hqe_id = OLD.id OR hqe_id = NEW.id) AND start < {_PG_TODAY};
+        RETURN NULL;
+    END $$
+    """,
     "CREATE TRIGGER master_hqe_changed_insert AFTER INSERT ON common_hostqueueentry FOR EACH ROW"
     f" WHEN (NEW.started_on < {_PG_TODAY}) EXECUTE FUNCTION master_hqe_changed()",
     f"CREATE TRIGGER master_hqe_changed_update AFTER UPDATE OF {', '.join(_HQE_SHOWN)} ON common_hostqueueentry"
@@ -75,7 +91,18 @@ POSTGRESQL = [
     f" WHEN (OLD.started_on < {_PG_TODAY}) EXECUTE FUNCTION master_hqe_changed()",
     f"""
     CREATE FUNCTION master_job_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+    DECLARE
+        hqe record;
     BEGIN
+        IF TG_OP = 'UPDATE' THEN
+            -- A run of the job recorded meanwhile is not among the intervals this statement sees: its
+            -- HQE, locked, waits for that writer and then shows its start.
+            FOR hqe IN SELECT started_on FROM common_hostqueueentry WHERE job_id = OLD.id ORDER BY id FOR SHARE LOOP
+                IF hqe.started_on < {_PG_TODAY} THEN
+                    PERFORM master_trace_changed(hqe.started_on);
+                END IF;
+            END LOOP;
+        END IF;
         PERFORM master_trace_changed(start) FROM master_interval
         WHERE (job_id = OLD.id OR job_id = NEW.id) AND start < {_PG_TODAY};
         RETURN NULL;
@@ -122,7 +149,7 @@ def _sqlite_changed(time: str, source: str = "", where: str = "") -> str:
 
 _HQE_CHANGED = " OR ".join(f"OLD.{c} IS NOT NEW.{c}" for c in _HQE_SHOWN)
 _JOB_CHANGED = " OR ".join(f"OLD.{c} IS NOT NEW.{c}" for c in _JOB_SHOWN)
-_JOB_DAYS = ("start", "master_interval")
+_JOB_DAYS = _RUN_DAYS = ("start", "master_interval")
 SQLITE = [
     f"CREATE TRIGGER master_interval_changed_insert AFTER INSERT ON master_interval"
     f" BEGIN {_sqlite_changed('NEW.start')} END",
@@ -133,9 +160,10 @@ SQLITE = [
     "CREATE TRIGGER master_hqe_changed_insert AFTER INSERT ON common_hostqueueentry"
     f" BEGIN {_sqlite_changed('NEW.started_on')} END",
     f"CREATE TRIGGER master_hqe_changed_update AFTER UPDATE OF {', '.join(_HQE_SHOWN)} ON common_hostqueueentry"
-    f" WHEN {_HQE_CHANGED} BEGIN {_sqlite_changed('OLD.started_on')} {_sqlite_changed('NEW.started_on')} END",
+    f" WHEN {_HQE_CHANGED} BEGIN {_sqlite_changed('OLD.started_on')} {_sqlite_changed('NEW.started_on')}"
+    f" {_sqlite_changed(*_RUN_DAYS, 'hqe_id = OLD.id OR hqe_id = NEW.id')} END",
     "CREATE TRIGGER master_hqe_changed_delete AFTER DELETE ON common_hostqueueentry"
-    f" BEGIN {_sqlite_changed('OLD.started_on')} END",
+    f" BEGIN {_sqlite_changed('OLD.started_on')} {_sqlite_changed(*_RUN_DAYS, 'hqe_id = OLD.id')} END",
     "CREATE TRIGGER master_job_changed_insert AFTER INSERT ON common_job"
     f" BEGIN {_sqlite_changed(*_JOB_DAYS, 'job_id = NEW.id')} END",
     f"CREATE TRIGGER master_job_changed_update AFTER UPDATE OF {', '.join(_JOB_SHOWN)} ON common_job"

@@ -12,10 +12,11 @@ splices in unchanged and a JSON one inflates.
   (database triggers, migration 0014); a built day whose `as_of` is older than its newest change is
   stale, read as if not built until built again. Today's intervals, which every heartbeat writes,
   append nothing.
-- A build first waits until every change it can see the number of has committed (PostgreSQL: a
-  moment's SHARE lock on the changes, which waits for their writers in flight), then reads: it holds
-  every change up to that number, and one made later has a higher number and makes the day stale.
-  Builders of one day take turns on its row; writers never wait for them.
+- A build first takes the newest change whose writer, and every older one's, has committed
+  (PostgreSQL: a SHARE lock on the changes, tried for 50 ms at a time, waits for writers in flight),
+  then reads: it holds every change up to that number, and one made later has a higher number and
+  makes the day stale. Builders of one day take turns on its row; a writer waits for a builder 50 ms
+  at most, never for a build. Days are told by the database's clock, as the triggers tell them.
 - An export splices in the built, current days its window holds whole, whose slices all end before it
   does, and reads everything else as before (today, open intervals, days stale or not built yet). An
   export narrowed to shards, a label or jobs reads everything as before.
@@ -23,10 +24,12 @@ splices in unchanged and a JSON one inflates.
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from typing import cast
 
-from django.db import close_old_connections, connection, transaction
+from django.db import OperationalError, close_old_connections, connection, transaction
 from django.db.models import Count, Exists, Max, Min, OuterRef, Q
 from django.utils import timezone
 
@@ -79,21 +82,45 @@ def build(day: int, now: datetime | None = None, settled: int | None = None) -> 
     """Builds `day` unless it is built and current; returns whether it built it. `settled`: a number
     `_settled_change` returned before (a pass takes one for all its days)."""
     now = now or timezone.now()
-    if day > day_of(now - COOL) - 1:
-        raise ValueError(f"day {day} ({start_of(day):%Y-%m-%d}) has not ended {COOL} ago")
+    if day > day_of(min(now, database_now()) - COOL) - 1:
+        raise ValueError(f"day {day} ({start_of(day):%Y-%m-%d}) has not ended {COOL} ago, by the database's clock")
     return _build(day, _settled_change() if settled is None else settled, now)
+
+
+SETTLE_LOCK = "50ms"  # how long a builder's lock may hold writers up, a try
+SETTLE_TRIES = 40
+SETTLE_PAUSE_S = 0.5
 
 
 def _settled_change() -> int:
     """The newest change whose writer, and the writer of every older one, has committed. On
     PostgreSQL a change's number is drawn before its transaction commits, so one in flight could
-    commit later with a lower number: the SHARE lock waits for those writers, then lets them go."""
-    with transaction.atomic(), connection.cursor() as cursor:
+    commit later with a lower number: a SHARE lock on the changes waits for those writers. A writer
+    asking meanwhile queues behind it, so each try gives up after SETTLE_LOCK and pauses: a writer
+    waits that long at most, and a builder facing a writer left open builds nothing this pass."""
+    for _ in range(SETTLE_TRIES):
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                if connection.vendor == "postgresql":
+                    cursor.execute(f"SET LOCAL lock_timeout = '{SETTLE_LOCK}'")
+                    cursor.execute("LOCK TABLE master_tracechange IN SHARE MODE")
+                cursor.execute("SELECT COALESCE(MAX(id), 0) FROM master_tracechange")
+                return int(cursor.fetchone()[0])
+        except OperationalError as exc:
+            if getattr(exc.__cause__, "pgcode", None) != "55P03":  # lock_not_available
+                raise
+        time.sleep(SETTLE_PAUSE_S)
+    raise TimeoutError(f"a writer held the trace changes through {SETTLE_TRIES} tries: no day built this pass")
+
+
+def database_now() -> datetime:
+    """The database's clock, which the triggers go by (the app's may be ahead of it)."""
+    with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            cursor.execute("SET LOCAL lock_timeout = '30s'")
-            cursor.execute("LOCK TABLE master_tracechange IN SHARE MODE")
-        cursor.execute("SELECT COALESCE(MAX(id), 0) FROM master_tracechange")
-        return int(cursor.fetchone()[0])
+            cursor.execute("SELECT clock_timestamp()")
+            return cast(datetime, cursor.fetchone()[0])
+        cursor.execute("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")
+        return datetime.fromisoformat(cursor.fetchone()[0]).replace(tzinfo=UTC)
 
 
 @transaction.atomic
@@ -137,7 +164,7 @@ def _write_piece(day: TraceDay, seq: int, texts: list[str]) -> None:
 def build_due(now: datetime | None = None, limit: int = DAYS_A_PASS) -> tuple[int, int]:
     """Builds up to `limit` due days; returns how many it built and how many are still due. A day
     that fails to build is logged and left for the next pass, not in the way of the days after it."""
-    now = now or timezone.now()
+    now = min(now or timezone.now(), database_now())
     days = due(now)
     if not days:
         return 0, 0

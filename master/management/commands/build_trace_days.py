@@ -30,6 +30,8 @@ class Command(BaseCommand):
             while left:
                 built, left = build_due()
                 total += built
+                if not built:  # every day of the pass failed (logged): the next run tries again
+                    break
             self.stdout.write(f"{total} days built")
             return
         stop = threading.Event()
