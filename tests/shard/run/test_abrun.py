@@ -97,9 +97,11 @@ def test_a_sigterm_to_the_whole_run_lets_the_current_run_clean_up_and_starts_no_
     # The scheduler's abort signals every process of the run; the driver used to SIGKILL its current
     # run at once, cutting short the clean-up a plain job gets in the grace before SIGKILL.
     marks = tmp_path / "marks"
+    # The sleep starts before the mark, so the signal finds it; its output is not the driver's pipe, so
+    # one that outlives its shell (forked as the signal came) cannot hold the driver's output open.
     command = (
         f"trap 'sleep 0.5; echo cleaned $FLEETSHARD_REPEAT >> {marks}; exit 5' TERM;"
-        f" echo started $FLEETSHARD_REPEAT >> {marks}; sleep 30 & wait"
+        f" sleep 30 >/dev/null 2>&1 & echo started $FLEETSHARD_REPEAT >> {marks}; wait"
     )
     driver = _driver(tmp_path, command)
     try:
