@@ -1,11 +1,8 @@
 """Built days (master/timeline/days.py): an export that splices them in says exactly what one that reads
 every interval says, and whatever changes what a built day shows marks it unbuilt (the triggers)."""
 
-import json
-import subprocess
 import threading
 import time
-import zlib
 from datetime import timedelta
 
 import pytest
@@ -14,9 +11,10 @@ from django.utils import timezone
 
 from common.models import Host, HostQueueEntry, Job, Shard
 from master.timeline import days, slices
-from master.timeline.export import gzipped, trace_chunks, trace_events, trace_pieces
+from master.timeline.export import trace_chunks
 from master.timeline.models import Interval, TraceChange, TraceDay, TracePiece
-from master.timeline.query import Scope, scope
+from master.timeline.query import scope
+from tests.master.timeline.days_support import events_of, events_read_whole, exported_gzipped, exported_json, in_thread
 from tests.master.timeline.factories import T0, add_run, add_state
 from tests.master.timeline.validate import validate
 
@@ -39,28 +37,6 @@ def t(days_ago: int, hour: float) -> float:
 
 def day(days_ago: int) -> int:
     return TODAY - days_ago
-
-
-def events_read_whole(s: Scope) -> list[str]:
-    """The trace's events as an export reading every interval writes them, in a stable order."""
-    return sorted(json.dumps(json.loads(e), sort_keys=True) for e in trace_events(s))
-
-
-def events_of(trace: dict) -> list[str]:
-    return sorted(json.dumps(e, sort_keys=True) for e in trace["traceEvents"])
-
-
-def exported_gzipped(s: Scope) -> dict:
-    data = b"".join(gzipped(trace_pieces(s)))
-    reader = zlib.decompressobj(31)
-    text = reader.decompress(data)
-    assert reader.eof and reader.unused_data == b"", "one gzip member, nothing after it"
-    assert subprocess.run(["gzip", "-t"], input=data).returncode == 0
-    return json.loads(text)
-
-
-def exported_json(s: Scope) -> dict:
-    return json.loads("".join(trace_chunks(s)))
 
 
 @pytest.fixture
@@ -264,23 +240,6 @@ def test_an_unchanged_hqe_or_job_update_leaves_the_day_current(week):
     assert day(3) not in days.due(NOW)
 
 
-def _watch(target, *args):
-    """Runs `target` in a thread on a connection of its own; returns the thread and what it raised."""
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            target(*args)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread, errors
-
-
 @pytest.mark.postgres_only(reason="needs a build and a change on two connections at once")
 def test_a_change_during_a_build_does_not_wait_for_it_and_makes_the_day_stale(fleet_committed, monkeypatch):
     """The build holds what changed before it began; a change while it reads is noted after, so the
@@ -295,9 +254,9 @@ def test_a_change_during_a_build_does_not_wait_for_it_and_makes_the_day_stale(fl
         yield from texts(*args, **kwargs)
 
     monkeypatch.setattr(days, "slice_texts", slow_texts)
-    builder, build_errors = _watch(days.build, day(2), NOW)
+    builder, build_errors = in_thread(days.build, day(2), NOW)
     assert reading.wait(30)
-    writer, write_errors = _watch(lambda: Job.objects.filter(id=run.job_id).update(name="after"))
+    writer, write_errors = in_thread(lambda: Job.objects.filter(id=run.job_id).update(name="after"))
     writer.join(10)
     assert not writer.is_alive(), "a change does not wait for a build"
     go.set()
@@ -322,9 +281,9 @@ def test_a_build_waits_for_a_change_in_flight_and_reads_it(fleet_committed):
             changed.set()
             assert commit.wait(30)
 
-    writer, write_errors = _watch(change)
+    writer, write_errors = in_thread(change)
     assert changed.wait(30)
-    builder, build_errors = _watch(days.build, day(2), NOW)
+    builder, build_errors = in_thread(days.build, day(2), NOW)
     time.sleep(0.5)
     assert builder.is_alive(), "the build waits for the change's lock"
     commit.set()

@@ -17,10 +17,11 @@ from django.utils import timezone
 
 from common.models import HostQueueEntry, Job
 from master.timeline import days, deflate, slices
-from master.timeline.export import gzipped, trace_chunks, trace_events, trace_pieces
+from master.timeline.export import gzipped, trace_chunks, trace_pieces
 from master.timeline.limits import Deadline
 from master.timeline.models import Interval, TraceDay, TracePiece
 from master.timeline.query import scope
+from tests.master.timeline.days_support import assert_same, events_of, events_read_whole, exported_gzipped, in_thread
 from tests.master.timeline.factories import T0, add_run, add_state
 
 NOW = timezone.now()
@@ -48,34 +49,6 @@ def secs(when) -> float:
 
 def day(days_ago: int) -> int:
     return TODAY - days_ago
-
-
-def events_read_whole(s) -> list[str]:
-    return sorted(json.dumps(json.loads(e), sort_keys=True) for e in trace_events(s))
-
-
-def events_of(trace: dict) -> list[str]:
-    return sorted(json.dumps(e, sort_keys=True) for e in trace["traceEvents"])
-
-
-def exported_gzipped(s) -> dict:
-    data = b"".join(gzipped(trace_pieces(s)))
-    reader = zlib.decompressobj(31)
-    text = reader.decompress(data)
-    assert reader.eof and reader.unused_data == b"", "one gzip member, nothing after it"
-    assert gzip.decompress(data) == text
-    assert subprocess.run(["gzip", "-t"], input=data).returncode == 0
-    return json.loads(text)
-
-
-def exported_json(s) -> dict:
-    return json.loads("".join(trace_chunks(s)))
-
-
-def assert_same(s) -> None:
-    whole = events_read_whole(s)
-    assert events_of(exported_gzipped(s)) == whole
-    assert events_of(exported_json(s)) == whole
 
 
 # --- 1. SQLite: the trigger's day of a start in a day's last half millisecond -----------------------
@@ -229,22 +202,6 @@ def test_a_day_with_no_intervals_left_is_built_empty_and_spliced_as_nothing(flee
 # --- 7. PostgreSQL: writers and builders on several connections ----------------------------------
 
 
-def _in_thread(target, *args):
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            target(*args)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread, errors
-
-
 @pytest.mark.postgres_only(reason="needs a change and an insert on two connections at once")
 def test_an_hqe_change_in_flight_while_its_run_is_recorded_makes_the_day_stale(fleet_committed):
     """An HQE changed by a transaction still open while its run's interval is recorded by another: the
@@ -260,7 +217,7 @@ def test_an_hqe_change_in_flight_while_its_run_is_recorded_makes_the_day_stale(f
             changed.set()
             assert commit.wait(30)
 
-    writer, errors = _in_thread(abort)
+    writer, errors = in_thread(abort)
     assert changed.wait(30)
     Interval.objects.create(
         kind="run",
@@ -271,7 +228,7 @@ def test_an_hqe_change_in_flight_while_its_run_is_recorded_makes_the_day_stale(f
         start=first.start,
         end=first.end,
     )
-    builder, build_errors = _in_thread(days.build, day(3), NOW)
+    builder, build_errors = in_thread(days.build, day(3), NOW)
     builder.join(0.5)
     assert builder.is_alive(), "the build waits for the change in flight"
     commit.set()
@@ -301,8 +258,8 @@ def test_two_writers_of_distinct_hqes_do_not_deadlock_on_their_runs_days(fleet_c
     b1 = add_run("b1", t(2, 2), None, name="b day 2")
     b2 = add_run("b1", t(3, 2), None, name="b day 3")
     between = threading.Barrier(2)
-    one, errors_one = _in_thread(_heartbeat_like, [a1.hqe_id, a2.hqe_id], between)
-    two, errors_two = _in_thread(_heartbeat_like, [b2.hqe_id, b1.hqe_id], between)
+    one, errors_one = in_thread(_heartbeat_like, [a1.hqe_id, a2.hqe_id], between)
+    two, errors_two = in_thread(_heartbeat_like, [b2.hqe_id, b1.hqe_id], between)
     one.join(30)
     two.join(30)
     assert not errors_one and not errors_two, (errors_one, errors_two)
@@ -322,12 +279,12 @@ def test_writers_of_distinct_hqes_whose_runs_started_yesterday_do_not_wait_for_e
             holding.set()
             assert release.wait(30)
 
-    first, errors = _in_thread(slow_heartbeat)
+    first, errors = in_thread(slow_heartbeat)
     assert holding.wait(30)
     try:
         started = time.monotonic()
         hqes = HostQueueEntry.objects.filter(id=theirs.hqe_id)
-        second, _ = _in_thread(lambda: hqes.update(status="Completed"))
+        second, _ = in_thread(lambda: hqes.update(status="Completed"))
         second.join(2)
         waited = time.monotonic() - started
         assert not second.is_alive(), f"a heartbeat of another shard waited {waited:.1f} s for one in flight"
@@ -342,7 +299,7 @@ def test_two_builders_at_once_build_each_day_once(fleet_committed):
     for d in range(1, 6):
         add_run("a1", t(d, 1), t(d, 2), name=f"day {d}")
     results: list[tuple[int, int]] = []
-    threads = [_in_thread(lambda: results.append(days.build_due(NOW))) for _ in range(3)]
+    threads = [in_thread(lambda: results.append(days.build_due(NOW))) for _ in range(3)]
     for thread, errors in threads:
         thread.join(60)
         assert not errors
@@ -416,7 +373,7 @@ def test_a_heartbeat_finishing_a_run_started_yesterday_does_not_wait_for_the_bui
     days.slice_texts = watched  # type: ignore[assignment]
     try:
         started = time.perf_counter()
-        builder, errors = _in_thread(days.build, day(1), NOW)
+        builder, errors = in_thread(days.build, day(1), NOW)
         assert building.wait(30)
         t0 = time.perf_counter()
         HostQueueEntry.objects.filter(id=running.hqe_id).update(status="Completed")

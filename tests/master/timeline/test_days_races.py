@@ -14,8 +14,9 @@ from master.timeline import days
 from master.timeline.export import trace_chunks
 from master.timeline.models import Interval
 from master.timeline.query import scope
+from tests.master.timeline.days_support import assert_same, in_thread
 from tests.master.timeline.factories import add_run
-from tests.master.timeline.test_days_edges import _in_thread, assert_same, day, t
+from tests.master.timeline.test_days_edges import day, t
 
 
 def _waiting_for_a_lock(table: str) -> int:
@@ -59,7 +60,7 @@ def test_a_job_renamed_while_its_late_run_is_recorded_makes_the_day_stale(fleet_
             renamed.set()
             assert commit.wait(30)
 
-    writer, errors = _in_thread(rename)
+    writer, errors = in_thread(rename)
     assert renamed.wait(30)
     try:
         Interval.objects.create(  # the late heartbeat's record_runs, committed
@@ -71,7 +72,7 @@ def test_a_job_renamed_while_its_late_run_is_recorded_makes_the_day_stale(fleet_
             start=first.start,
             end=first.end,
         )
-        builder, build_errors = _in_thread(days.build, day(3), timezone.now())
+        builder, build_errors = in_thread(days.build, day(3), timezone.now())
         builder.join(2)
         built_meanwhile = not builder.is_alive()
     finally:
@@ -106,14 +107,14 @@ def test_a_builder_waiting_for_a_slow_writer_does_not_hold_up_the_other_writers(
             holding.set()
             assert release.wait(60)
 
-    first, errors = _in_thread(slow_heartbeat)
+    first, errors = in_thread(slow_heartbeat)
     assert holding.wait(30)
     second = builder = None
     try:
-        builder, build_errors = _in_thread(days.build, day(2), timezone.now())
+        builder, build_errors = in_thread(days.build, day(2), timezone.now())
         assert _until(lambda: _waiting_for_a_lock("master_tracechange") >= 1), "the builder tries the lock"
         hqes = HostQueueEntry.objects.filter(id=theirs.hqe_id)
-        second, second_errors = _in_thread(lambda: hqes.update(status="Completed"))
+        second, second_errors = in_thread(lambda: hqes.update(status="Completed"))
         second.join(3)
         queued = second.is_alive()
         assert not queued, "another shard's heartbeat waited behind the builder's SHARE lock request"
