@@ -106,7 +106,9 @@ class Host(models.Model):
     class Meta:
         ordering = ["hostname"]
         indexes = [
-            models.Index(fields=["shard", "id"], name="host_shard_idx"),
+            # A shard's hosts in id order (a cold sync), and its quiet heartbeat's holdings read from
+            # this index alone on PostgreSQL, however the shard's rows lie in the table (common migration 0014).
+            models.Index(fields=["shard", "id"], include=["version", "status"], name="host_shard_holdings_idx"),
             # The fleet overview's hosts by shard, status and lock: read from this index alone.
             models.Index(fields=["shard", "status", "locked"], name="host_shard_status_idx"),
             # The host list sorted by status, a page at a time (ties by id, in the same direction).
@@ -153,7 +155,10 @@ class Job(models.Model):
     class Meta:
         ordering = ["-id"]
         indexes = [
-            models.Index(fields=["shard", "status"], name="job_shard_status_idx"),
+            # A shard's active jobs, and its heartbeat's holdings from this index alone on PostgreSQL.
+            models.Index(
+                fields=["shard", "status"], include=["id", "version", "priority"], name="job_shard_holdings_idx"
+            ),
             models.Index(fields=["status"], name="job_status_idx"),
             models.Index(fields=["owner"], name="job_owner_idx"),
         ]

@@ -4,7 +4,7 @@ import math
 import os
 
 from server.settings.base import *  # noqa: F403
-from server.settings.base import DATA_DIR, DJANGO_APPS, SILENCED_SYSTEM_CHECKS, databases, env_days
+from server.settings.base import DATA_DIR, DJANGO_APPS, databases, env_days
 
 ROLE = "master"
 DATABASES = databases(ROLE)
@@ -163,10 +163,6 @@ FLEETSHARD_TOKEN_CACHE = int(_token_cache)
 
 # A host event whose `at` is older than this many days is rejected (docs/protocol.md, "Host events").
 FLEETSHARD_HOST_EVENT_MAX_AGE_DAYS = env_days("FLEETSHARD_HOST_EVENT_MAX_AGE_DAYS", "7")
-
-# The timings index covers its columns on PostgreSQL (INCLUDE); SQLite keeps a plain index, which is
-# all it can do, so its warning says nothing an operator could act on.
-SILENCED_SYSTEM_CHECKS = [*SILENCED_SYSTEM_CHECKS, "models.W040"]
 
 # Notification emails go through Django's mail (docs/notifications.md); a stuck server costs 10 s at most.
 EMAIL_HOST = os.environ.get("FLEETSHARD_EMAIL_HOST", "localhost")

@@ -376,3 +376,22 @@ def test_statements_a_lock_timeout_orphaned_are_deallocated_by_the_next_quiet_he
     assert heartbeat(fleet.lab1, fleet.token1, **quiet)["hosts"] == []
     now = prepared()
     assert len(now) == 2 and set(now).isdisjoint(first), now  # the new name's two, none of the old
+
+
+def test_a_quiet_heartbeats_holdings_are_read_from_indexes_alone(fleet, heartbeat):
+    # Wherever a shard's rows lie in the tables (at a million hosts, each of its hosts on a page of its
+    # own), its heartbeat reads a few index pages: no table page (common migration 0014).
+    _settled(fleet, heartbeat)
+    from common.constants import JobStatus
+
+    sql = master_heartbeat._Statements.of(connection.vendor)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE common_host")
+        cursor.execute("ANALYZE common_job")
+        # Small tables: which plan would a large one get? Neither a table scan nor a bitmap of its pages.
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("SET LOCAL enable_bitmapscan = off")
+        cursor.execute("EXPLAIN " + sql.holdings, [fleet.lab1.id, fleet.lab1.id, *JobStatus.ACTIVE])
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "Index Only Scan using host_shard_holdings_idx on common_host" in plan, plan
+    assert "Index Only Scan using job_shard_holdings_idx on common_job" in plan, plan
