@@ -6,12 +6,25 @@ import json
 import subprocess
 import threading
 import zlib
+from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from django.db import connection
+from django.utils import timezone
 
+from master.timeline import days
 from master.timeline.export import gzipped, trace_chunks, trace_events, trace_pieces
 from master.timeline.query import Scope
+
+
+def builder_an_hour_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The builder's two clocks, the app's and its reading of the database's, an hour (days.COOL) on
+    from the real ones: yesterday has cooled at any hour of the test's day, the first after midnight
+    too. The triggers keep the database's own clock, so what they call today is still today."""
+    database_now = days.database_now
+    monkeypatch.setattr(days, "database_now", lambda: database_now() + days.COOL)
+    monkeypatch.setattr(days, "timezone", SimpleNamespace(now=lambda: timezone.now() + days.COOL))
 
 
 def events_read_whole(s: Scope) -> list[str]:

@@ -21,7 +21,14 @@ from master.timeline.export import gzipped, trace_chunks, trace_pieces
 from master.timeline.limits import Deadline
 from master.timeline.models import Interval, TraceDay, TracePiece
 from master.timeline.query import scope
-from tests.master.timeline.days_support import assert_same, events_of, events_read_whole, exported_gzipped, in_thread
+from tests.master.timeline.days_support import (
+    assert_same,
+    builder_an_hour_ahead,
+    events_of,
+    events_read_whole,
+    exported_gzipped,
+    in_thread,
+)
 from tests.master.timeline.factories import T0, add_run, add_state
 
 NOW = timezone.now()
@@ -29,10 +36,13 @@ TODAY = days.day_of(NOW)
 
 
 @pytest.fixture(autouse=True)
-def clock() -> None:
+def clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Today as each test starts (a suite may run across midnight); the builder's now an hour on
+    (days_support.builder_an_hour_ahead), so that yesterday is due in a day's first hour too."""
     global NOW, TODAY
-    NOW = timezone.now()
-    TODAY = days.day_of(NOW)
+    real = timezone.now()
+    NOW, TODAY = real + days.COOL, days.day_of(real)
+    builder_an_hour_ahead(monkeypatch)
 
 
 def t(days_ago: int, hour: float) -> float:
