@@ -31,7 +31,8 @@ FOLLOW_POLL_S = 0.5
 # A follower that lost the master (a restart) tries again for this long before it gives up.
 FOLLOW_OUTAGE_S = 120.0
 # A follower that got nothing new for this long looks whether the entry's shard is still online (and
-# again as often while nothing comes).
+# again as often while nothing comes). It gives up when two looks in a row find it offline: one late
+# heartbeat of a busy shard is not an outage.
 SHARD_CHECK_S = 10.0
 
 
@@ -61,6 +62,7 @@ class LogReader:
         self.offset = 0
         self.last: dict[str, Any] = {}
         self.quiet_since = time.monotonic()
+        self.offline_at_last_look = False
 
     def fetch(self) -> dict[str, Any]:
         piece: dict[str, Any] = self.run.api.get(f"/jobs/{self.job_id}/log", hqe=self.hqe, offset=self.offset)
@@ -112,6 +114,7 @@ class LogReader:
             lost_since = None
             if piece["text"]:
                 self.quiet_since = time.monotonic()
+                self.offline_at_last_look = False
             more = bool(piece["text"]) and self.offset < piece["size"]
             if self.run.as_json:
                 if piece["text"] or piece["ended"]:
@@ -127,8 +130,8 @@ class LogReader:
             self.epilogue(empty=self.offset == 0)
 
     def check_shard(self) -> None:
-        """Raises once the entry's shard is offline: its log cannot move on until the shard is back, and a
-        follower would otherwise wait for ever."""
+        """Raises once the entry's shard is offline at two looks in a row: its log cannot move on until the
+        shard is back, and a follower would otherwise wait for ever."""
         now = time.monotonic()
         if now - self.quiet_since < SHARD_CHECK_S:
             return
@@ -136,7 +139,8 @@ class LogReader:
         job = self.run.api.get(f"/jobs/{self.job_id}/")
         name = job.get("shard")
         shard = self.run.api.get(f"/shards/{quote(str(name), safe='')}/") if name else {}
-        if shard.get("status") == "offline":
+        offline, self.offline_at_last_look = self.offline_at_last_look, shard.get("status") == "offline"
+        if offline and self.offline_at_last_look:
             since = shown_time(shard["last_heartbeat"]) if shard.get("last_heartbeat") else "never"
             raise CliError(
                 f"shard {name} is offline (last heartbeat: {since}): the log of job {self.job_id} entry "
