@@ -24,7 +24,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.support import DEFAULT_PG, admin_connection, create_database, say  # noqa: E402
+from bench.support import DEFAULT_PG, admin_connection, cpu_seconds, create_database, say  # noqa: E402
 
 
 def main() -> None:
@@ -120,25 +120,20 @@ def run(args: argparse.Namespace) -> None:
             [shard_id, shard_id, *JobStatus.ACTIVE],
         )
         say("the holdings' plan, one shard:\n  " + "\n  ".join(row[0] for row in cursor.fetchall()))
-        cursor.execute("SELECT pg_backend_pid()")
-        backend = cursor.fetchone()[0]
-
-    def backend_cpu() -> float:
-        fields = Path(f"/proc/{backend}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    dbname = connection.settings_dict["NAME"]
 
     for sim in synced:  # warm: every token in the cache, every statement prepared
         post(sim)
     for _ in range(args.rounds):
-        wall, cpu, pg = time.perf_counter(), time.process_time(), backend_cpu()
+        wall, (_, pg, cpu) = time.perf_counter(), cpu_seconds(0, dbname)
         for _ in range(args.heartbeats):
             post(synced[rng.randrange(len(synced))])
         n = args.heartbeats
         say(
             f"{args.shards * args.hosts:,} hosts, {len(synced)} shards heartbeating: a quiet heartbeat "
             f"{(time.perf_counter() - wall) / n * 1e3:.3f} ms wall, "
-            f"master CPU {(time.process_time() - cpu) / n * 1e3:.3f} ms, "
-            f"PostgreSQL {(backend_cpu() - pg) / n * 1e3:.3f} ms (load {os.getloadavg()[0]:.1f})"
+            f"master CPU {(cpu_seconds(0, dbname)[2] - cpu) / n * 1e3:.3f} ms, "
+            f"PostgreSQL {(cpu_seconds(0, dbname)[1] - pg) / n * 1e3:.3f} ms (load {os.getloadavg()[0]:.1f})"
         )
 
 
